@@ -15,10 +15,12 @@
 
 pub mod digest;
 pub mod error;
+pub mod range;
 pub mod toc;
 
 pub use digest::Digest;
 pub use error::FormatError;
+pub use range::RangeRead;
 pub use toc::{ChunkRef, Entry, EntryKind, Frame, FrameIdx, Toc};
 
 /// Layer media type of a weenv layer (it is an ordinary zstd layer).

@@ -1,1 +1,12 @@
-//! placeholder
+//! Test harness for end-to-end tests: private registry, containerd, the weenv daemons and
+//! test images, all under temp dirs on free loopback ports, torn down on drop.
+//!
+//! - [`util`]: free ports, binaries, root checks, process guards.
+//! - [`registry`]: a private `docker-registry` (and a counting proxy).
+//! - [`images`]: test images built offline (busybox-static, Debian via debootstrap).
+//! - [`containerd`]: a private containerd with the weenv proxy snapshotter and shim.
+
+pub mod containerd;
+pub mod images;
+pub mod registry;
+pub mod util;
