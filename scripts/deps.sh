@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Installs the Debian packages weenv's build, tests, demo and benchmark need.
+# The one place where the package list lives: .ci/run and scripts/demo.sh source this file.
+# Needs root (or sudo). Skips `apt-get update` when everything is already installed.
+set -euo pipefail
+
+WEENV_APT_PACKAGES=(
+  protobuf-compiler   # protoc: build.rs of containerd-snapshots / containerd-client
+  fuse3               # fusermount3 for the snapshotter's FUSE mounts
+  containerd runc     # stock containerd + runc for end-to-end tests
+  umoci busybox-static skopeo   # offline test images, OCI layout <-> registry copies
+  docker-registry     # private OCI registry (distribution 2.8)
+  zstd                # round-trip checks with the reference zstd tool
+  debootstrap         # Debian rootfs test image from the configured apt mirror
+  iproute2
+  stargz-snapshotter  # ctr-remote: eStargz comparison in the benchmark
+  python3 pkg-config gcc ca-certificates
+)
+
+weenv_install_deps() {
+  local missing=() p sudo=()
+  if [ "$(id -u)" != 0 ]; then
+    if command -v sudo >/dev/null; then sudo=(sudo -n); else
+      echo "deps.sh: need root (or sudo) to install packages" >&2; return 1; fi
+  fi
+  for p in "${WEENV_APT_PACKAGES[@]}"; do
+    if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+      missing+=("$p")
+    fi
+  done
+  if [ ${#missing[@]} -eq 0 ]; then
+    echo "deps.sh: all ${#WEENV_APT_PACKAGES[@]} packages already installed"
+  else
+    echo "deps.sh: installing ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    "${sudo[@]}" apt-get update -q
+    "${sudo[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}" </dev/null
+  fi
+  # Kernel modules used by the tests; best effort (built in on some kernels, absent in some VMs).
+  "${sudo[@]}" modprobe fuse 2>/dev/null || true
+  "${sudo[@]}" modprobe overlay 2>/dev/null || true
+  if ! command -v cargo >/dev/null; then
+    echo "deps.sh: cargo not found on PATH; install a Rust toolchain (rustup, >= 1.80) with rustfmt and clippy" >&2
+    return 1
+  fi
+}
+
+if [ "${BASH_SOURCE[0]}" = "$0" ]; then
+  weenv_install_deps
+fi
