@@ -1,1 +1,446 @@
-//! (to be written)
+//! A private containerd for end-to-end tests.
+//!
+//! [`Containerd::start`] writes a config under a fresh temp dir (own root, state, gRPC and
+//! ttrpc sockets; CRI disabled; optionally the weenv proxy snapshotter), starts `containerd`
+//! with `PATH` prefixed by the directory holding `containerd-shim-weenv-v1`, and waits until
+//! it answers. [`Containerd::ctr`] runs `ctr -a <sock> -n <namespace> ...`.
+//!
+//! Drop tears everything down that this instance created: the shims it started (found by
+//! their `-address <our socket>` argument), runc containers left in its namespaces, mounts
+//! under its temp dir, the shim sockets in `/run/containerd/s/` recorded in its bundles,
+//! and containerd itself. Nothing of a system containerd is touched: shim sockets are only
+//! removed when one of our bundles names them.
+//!
+//! [`build_busybox_oci_tar`] builds a busybox-static OCI image archive offline (umoci) that
+//! `ctr images import` accepts; [`Containerd::import_busybox`] imports it as
+//! [`BUSYBOX_REF`].
+
+use std::ffi::OsString;
+use std::fs;
+use std::io::Write;
+use std::os::unix::fs::FileTypeExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+
+/// Name under which [`Containerd::import_busybox`] imports the busybox test image.
+pub const BUSYBOX_REF: &str = "localhost/busybox:busybox";
+
+/// Name of the weenv runtime shim binary (`--runtime io.containerd.weenv.v1`).
+pub const SHIM_BINARY: &str = "containerd-shim-weenv-v1";
+
+/// Options for [`Containerd::start`].
+#[derive(Debug, Clone)]
+pub struct ContainerdOptions {
+    /// Socket of a weenv snapshotter to register as `[proxy_plugins.weenv]` (type snapshot).
+    pub proxy_snapshotter: Option<PathBuf>,
+    /// Directory holding `containerd-shim-weenv-v1`, prepended to containerd's `PATH`.
+    /// `None`: [`default_shim_dir`] (the workspace `target/debug`), if the binary is there.
+    pub shim_dir: Option<PathBuf>,
+    /// Default namespace for [`Containerd::ctr`]. Default `"weenv-test"`.
+    pub namespace: String,
+    /// Extra TOML appended verbatim to the generated config.
+    pub extra_config: String,
+    /// How long to wait for the gRPC socket to answer. Default 30 s.
+    pub start_timeout: Duration,
+}
+
+impl Default for ContainerdOptions {
+    fn default() -> Self {
+        Self {
+            proxy_snapshotter: None,
+            shim_dir: None,
+            namespace: "weenv-test".to_string(),
+            extra_config: String::new(),
+            start_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// A running private containerd; stopped and cleaned up on drop.
+pub struct Containerd {
+    dir: tempfile::TempDir,
+    child: Option<Child>,
+    socket: PathBuf,
+    namespace: String,
+}
+
+/// The workspace's `target/debug` (or `$CARGO_TARGET_DIR/debug`), or `$WEENV_SHIM_DIR`.
+pub fn default_shim_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("WEENV_SHIM_DIR") {
+        return PathBuf::from(d);
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"));
+    target.join("debug")
+}
+
+impl Containerd {
+    /// Writes the config, starts containerd and waits for its socket to answer.
+    pub fn start(opts: ContainerdOptions) -> Result<Containerd> {
+        let dir = tempfile::Builder::new()
+            .prefix("weenv-ctd-")
+            .tempdir()
+            .context("create containerd temp dir")?;
+        let base = dir.path();
+        let root = base.join("root");
+        let state = base.join("state");
+        fs::create_dir_all(&root)?;
+        fs::create_dir_all(&state)?;
+        let socket = base.join("containerd.sock");
+        let mut cfg = format!(
+            "version = 2\nroot = {root:?}\nstate = {state:?}\n\
+             disabled_plugins = [\"io.containerd.grpc.v1.cri\"]\n\
+             [grpc]\n  address = {sock:?}\n[ttrpc]\n  address = {ttrpc:?}\n",
+            root = root.display().to_string(),
+            state = state.display().to_string(),
+            sock = socket.display().to_string(),
+            ttrpc = format!("{}.ttrpc", socket.display()),
+        );
+        if let Some(snap) = &opts.proxy_snapshotter {
+            cfg.push_str(&format!(
+                "[proxy_plugins]\n  [proxy_plugins.weenv]\n    type = \"snapshot\"\n    address = {:?}\n",
+                snap.display().to_string()
+            ));
+        }
+        cfg.push_str(&opts.extra_config);
+        let cfg_path = base.join("config.toml");
+        fs::write(&cfg_path, cfg).context("write containerd config")?;
+
+        let shim_dir = opts.shim_dir.clone().unwrap_or_else(default_shim_dir);
+        let mut path = OsString::from(shim_dir.as_os_str());
+        path.push(":");
+        path.push(
+            std::env::var_os("PATH").unwrap_or_else(|| "/usr/sbin:/usr/bin:/sbin:/bin".into()),
+        );
+        let log = fs::File::create(base.join("containerd.log"))?;
+        let child = Command::new("containerd")
+            .arg("--config")
+            .arg(&cfg_path)
+            .env("PATH", path)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .context("spawn containerd (is it installed?)")?;
+        let me = Containerd {
+            dir,
+            child: Some(child),
+            socket,
+            namespace: opts.namespace.clone(),
+        };
+        let deadline = Instant::now() + opts.start_timeout;
+        loop {
+            if me.socket.exists() {
+                if let Ok(o) = me.ctr(&["version"]) {
+                    if o.status.success() {
+                        break;
+                    }
+                }
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "containerd did not answer on {} within {:?}; log:\n{}",
+                    me.socket.display(),
+                    opts.start_timeout,
+                    me.log()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Ok(me)
+    }
+
+    /// The gRPC socket (`ctr -a`).
+    pub fn address(&self) -> &Path {
+        &self.socket
+    }
+    /// containerd's `root` dir.
+    pub fn root(&self) -> PathBuf {
+        self.dir.path().join("root")
+    }
+    /// containerd's `state` dir; shim bundles are in `state/io.containerd.runtime.v2.task/<ns>/<id>`.
+    pub fn state(&self) -> PathBuf {
+        self.dir.path().join("state")
+    }
+    /// The temp dir holding everything of this instance (free for tests to put files in).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+    /// The default namespace used by [`Containerd::ctr`].
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+    /// Bundle dir of a task (where the shim keeps its per-task files).
+    pub fn bundle(&self, namespace: &str, id: &str) -> PathBuf {
+        self.state()
+            .join("io.containerd.runtime.v2.task")
+            .join(namespace)
+            .join(id)
+    }
+    /// containerd's own log so far.
+    pub fn log(&self) -> String {
+        fs::read_to_string(self.dir.path().join("containerd.log")).unwrap_or_default()
+    }
+
+    /// Runs `ctr -a <sock> -n <default namespace> args...` and returns its output.
+    pub fn ctr(&self, args: &[&str]) -> Result<Output> {
+        self.ctr_ns(&self.namespace, args)
+    }
+
+    /// Runs `ctr -a <sock> -n <namespace> args...` and returns its output.
+    pub fn ctr_ns(&self, namespace: &str, args: &[&str]) -> Result<Output> {
+        self.ctr_command(namespace, args)
+            .stdin(Stdio::null())
+            .output()
+            .with_context(|| format!("run ctr {args:?}"))
+    }
+
+    /// A `ctr -a <sock> -n <namespace>` command to customise (stdin, spawn in background).
+    pub fn ctr_command(&self, namespace: &str, args: &[&str]) -> Command {
+        let mut c = Command::new("ctr");
+        c.arg("-a")
+            .arg(&self.socket)
+            .arg("-n")
+            .arg(namespace)
+            .args(args);
+        c
+    }
+
+    /// Like [`Containerd::ctr`] but fails with stdout/stderr when ctr exits non-zero.
+    pub fn ctr_ok(&self, args: &[&str]) -> Result<String> {
+        let o = self.ctr(args)?;
+        if !o.status.success() {
+            bail!(
+                "ctr {args:?} failed ({}): stdout: {} stderr: {}",
+                o.status,
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            );
+        }
+        Ok(String::from_utf8_lossy(&o.stdout).into_owned())
+    }
+
+    /// Builds (once per instance) and imports the busybox test image as [`BUSYBOX_REF`]
+    /// into the default namespace, unpacked for `snapshotter`.
+    pub fn import_busybox(&self, snapshotter: &str) -> Result<&'static str> {
+        let tar = self.dir.path().join("busybox-oci.tar");
+        if !tar.exists() {
+            build_busybox_oci_tar(&self.dir.path().join("busybox-build"), &tar)?;
+        }
+        let tar_s = tar.display().to_string();
+        let snap = format!("--snapshotter={snapshotter}");
+        self.ctr_ok(&[
+            "images",
+            "import",
+            "--base-name",
+            "localhost/busybox",
+            &snap,
+            &tar_s,
+        ])?;
+        Ok(BUSYBOX_REF)
+    }
+
+    fn shim_sockets(&self) -> Vec<PathBuf> {
+        let mut out = Vec::new();
+        let tasks = self.state().join("io.containerd.runtime.v2.task");
+        for ns in read_dir_paths(&tasks) {
+            for b in read_dir_paths(&ns) {
+                if let Ok(a) = fs::read_to_string(b.join("address")) {
+                    let p = a.trim().trim_start_matches("unix://").to_string();
+                    if p.starts_with("/run/containerd/s/") {
+                        out.push(PathBuf::from(p));
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    fn runc_leftovers(&self) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        let tasks = self.state().join("io.containerd.runtime.v2.task");
+        for ns in read_dir_paths(&tasks) {
+            for b in read_dir_paths(&ns) {
+                if let (Some(n), Some(i)) = (ns.file_name(), b.file_name()) {
+                    out.push((
+                        n.to_string_lossy().into_owned(),
+                        i.to_string_lossy().into_owned(),
+                    ));
+                }
+            }
+        }
+        out
+    }
+}
+
+fn read_dir_paths(p: &Path) -> Vec<PathBuf> {
+    fs::read_dir(p)
+        .map(|rd| rd.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default()
+}
+
+/// Pids of processes whose command line has `needle` as one argument.
+fn pids_with_arg(needle: &str) -> Vec<i32> {
+    let mut out = Vec::new();
+    for p in read_dir_paths(Path::new("/proc")) {
+        let Some(pid) = p
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        if let Ok(cmd) = fs::read(p.join("cmdline")) {
+            if cmd.split(|b| *b == 0).any(|a| a == needle.as_bytes()) {
+                out.push(pid);
+            }
+        }
+    }
+    out
+}
+
+fn kill(pid: i32, sig: i32) {
+    // SAFETY: kill(2) with a pid we found under /proc; no memory is passed.
+    unsafe {
+        libc::kill(pid, sig);
+    }
+}
+
+/// Lazily unmounts every mount at or below `dir`, deepest first.
+pub fn unmount_below(dir: &Path) {
+    let Ok(info) = fs::read_to_string("/proc/self/mountinfo") else {
+        return;
+    };
+    let prefix = dir.display().to_string();
+    let mut points: Vec<String> = info
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(|m| m.replace("\\040", " "))
+        .filter(|m| m == &prefix || m.starts_with(&format!("{prefix}/")))
+        .collect();
+    points.sort_by_key(|p| std::cmp::Reverse(p.len()));
+    points.dedup();
+    for p in points {
+        let _ = Command::new("umount")
+            .arg("-l")
+            .arg(&p)
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+impl Drop for Containerd {
+    fn drop(&mut self) {
+        let sockets = self.shim_sockets();
+        let leftovers = self.runc_leftovers();
+        // Shims started by this containerd carry `-address <our socket>`.
+        let sock = self.socket.display().to_string();
+        for pid in pids_with_arg(&sock) {
+            if Some(pid as u32) != self.child.as_ref().map(|c| c.id()) {
+                kill(pid, libc::SIGKILL);
+            }
+        }
+        for (ns, id) in leftovers {
+            let _ = Command::new("runc")
+                .args(["--root", &format!("/run/containerd/runc/{ns}")])
+                .args(["delete", "--force", &id])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+        }
+        if let Some(mut c) = self.child.take() {
+            kill(c.id() as i32, libc::SIGTERM);
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = c.try_wait() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        unmount_below(self.dir.path());
+        for s in sockets {
+            if fs::symlink_metadata(&s)
+                .map(|m| m.file_type().is_socket())
+                .unwrap_or(false)
+            {
+                let _ = fs::remove_file(&s);
+            }
+        }
+    }
+}
+
+/// Builds a busybox-static OCI image archive at `out_tar`, working in `work` (created).
+/// Needs `umoci` and `/bin/busybox` (Debian `busybox-static`); no network.
+/// The image has every busybox applet linked in `/bin`, `PATH=/bin`, cmd `/bin/sh`.
+pub fn build_busybox_oci_tar(work: &Path, out_tar: &Path) -> Result<()> {
+    fs::create_dir_all(work)?;
+    let layout = work.join("oci");
+    let bundle = work.join("bundle");
+    let img = format!("{}:busybox", layout.display());
+    run(Command::new("umoci")
+        .arg("init")
+        .arg("--layout")
+        .arg(&layout))?;
+    run(Command::new("umoci").args(["new", "--image", &img]))?;
+    run(Command::new("umoci")
+        .args(["unpack", "--rootless", "--image", &img])
+        .arg(&bundle))
+    .or_else(|_| {
+        run(Command::new("umoci")
+            .args(["unpack", "--image", &img])
+            .arg(&bundle))
+    })?;
+    let rootfs = bundle.join("rootfs");
+    for d in ["bin", "tmp", "proc", "sys", "dev", "etc", "root"] {
+        fs::create_dir_all(rootfs.join(d))?;
+    }
+    fs::copy("/bin/busybox", rootfs.join("bin/busybox")).context("copy /bin/busybox")?;
+    let list = Command::new("/bin/busybox").arg("--list").output()?;
+    for applet in String::from_utf8_lossy(&list.stdout).lines() {
+        let applet = applet.trim();
+        if applet.is_empty() || applet == "busybox" {
+            continue;
+        }
+        let _ = std::os::unix::fs::symlink("busybox", rootfs.join("bin").join(applet));
+    }
+    let mut passwd = fs::File::create(rootfs.join("etc/passwd"))?;
+    writeln!(passwd, "root:x:0:0:root:/root:/bin/sh")?;
+    run(Command::new("umoci")
+        .args(["repack", "--image", &img])
+        .arg(&bundle))?;
+    run(Command::new("umoci").args([
+        "config",
+        "--image",
+        &img,
+        "--config.cmd",
+        "/bin/sh",
+        "--config.env",
+        "PATH=/bin",
+    ]))?;
+    run(Command::new("tar")
+        .arg("-C")
+        .arg(&layout)
+        .arg("-cf")
+        .arg(out_tar)
+        .arg("."))?;
+    Ok(())
+}
+
+fn run(cmd: &mut Command) -> Result<()> {
+    let o = cmd.output().with_context(|| format!("spawn {cmd:?}"))?;
+    if !o.status.success() {
+        bail!(
+            "{cmd:?} failed ({}): {}",
+            o.status,
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    Ok(())
+}
