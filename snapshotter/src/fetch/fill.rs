@@ -1,0 +1,272 @@
+//! Background fill: fetch every frame of a layer that is not on disk yet, in blob order,
+//! off the critical path.
+//!
+//! Priority: before each request the fill waits until no on-demand or read-ahead fetch is in
+//! flight ([`FrameStore::wait_demand_idle`]), so a FUSE read never queues behind fill traffic
+//! for longer than the fill requests already sent. Concurrency is bounded
+//! (`FillConfig::concurrency` requests), the rate is limited by [`pace`] (pure), and frames
+//! already in L2 are skipped. Progress is published in [`FillProgress`].
+
+use super::frames::{FrameStore, Priority};
+use super::BlobSource;
+use futures::StreamExt;
+use parking_lot::Mutex;
+use serde::Deserialize;
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use weenv_format::{FrameIdx, Toc};
+
+/// Fetch tuning: background fill, read-ahead and coalescing.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FillConfig {
+    /// Fill layers in the background after they are added. Default: true.
+    pub enabled: bool,
+    /// Concurrent fill requests per layer. Default: 2.
+    pub concurrency: usize,
+    /// Fill rate limit in (compressed) bytes per second; 0 = unlimited. Default: 0.
+    pub rate_limit_bytes_per_sec: u64,
+    /// Compressed bytes per fill request. Default: 4 MiB.
+    pub batch_bytes: u64,
+    /// Read-ahead window after the frames a read needs, per file; 0 = off. Default: 8 MiB.
+    pub read_ahead_bytes: u64,
+    /// When a directory is first looked into, prefetch up to this many frames holding its
+    /// small files; 0 = off. Default: 4.
+    pub dir_prefetch_frames: usize,
+    /// Files up to this size count as small for the directory prefetch. Default: 256 KiB.
+    pub small_file_bytes: u64,
+    /// Largest hole bridged when coalescing misses. Default: 256 KiB.
+    pub max_gap_bytes: u64,
+    /// Largest coalesced request. Default: 16 MiB.
+    pub max_request_bytes: u64,
+}
+
+impl Default for FillConfig {
+    fn default() -> Self {
+        FillConfig {
+            enabled: true,
+            concurrency: 2,
+            rate_limit_bytes_per_sec: 0,
+            batch_bytes: 4 << 20,
+            read_ahead_bytes: 8 << 20,
+            dir_prefetch_frames: 4,
+            small_file_bytes: 256 << 10,
+            max_gap_bytes: 256 << 10,
+            max_request_bytes: 16 << 20,
+        }
+    }
+}
+
+/// State of a layer's fill.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FillState {
+    Disabled,
+    Pending,
+    Running,
+    Done,
+    Failed,
+}
+
+/// Progress of one layer's fill (shared with `status()`).
+#[derive(Debug, Default)]
+pub struct FillProgress {
+    state: AtomicU8,
+    /// Frames in the layer.
+    pub frames_total: AtomicU64,
+    /// Frames known to be in L2.
+    pub frames_done: AtomicU64,
+    /// Compressed bytes fetched by the fill.
+    pub bytes_fetched: AtomicU64,
+    last_error: Mutex<Option<String>>,
+}
+
+impl FillProgress {
+    /// Current state.
+    pub fn state(&self) -> FillState {
+        match self.state.load(Ordering::Relaxed) {
+            0 => FillState::Pending,
+            1 => FillState::Running,
+            2 => FillState::Done,
+            3 => FillState::Failed,
+            _ => FillState::Disabled,
+        }
+    }
+
+    /// Sets the state.
+    pub fn set_state(&self, s: FillState) {
+        let v = match s {
+            FillState::Pending => 0,
+            FillState::Running => 1,
+            FillState::Done => 2,
+            FillState::Failed => 3,
+            FillState::Disabled => 4,
+        };
+        self.state.store(v, Ordering::Relaxed);
+    }
+
+    /// Last fill error, if any.
+    pub fn last_error(&self) -> Option<String> {
+        self.last_error.lock().clone()
+    }
+}
+
+/// How long to wait before sending more, so that `sent` bytes over `elapsed` stay within
+/// `rate` bytes/s (0 = unlimited). Pure.
+pub fn pace(sent: u64, rate: u64, elapsed: Duration) -> Duration {
+    if rate == 0 {
+        return Duration::ZERO;
+    }
+    let due = Duration::from_secs_f64(sent as f64 / rate as f64);
+    due.saturating_sub(elapsed)
+}
+
+/// Groups `missing` frames (blob order) into batches of about `batch_bytes` compressed bytes.
+/// Pure.
+pub fn batches(toc: &Toc, missing: &[FrameIdx], batch_bytes: u64) -> Vec<Vec<FrameIdx>> {
+    let mut out: Vec<Vec<FrameIdx>> = Vec::new();
+    let mut cur_bytes = 0u64;
+    for idx in missing {
+        let Some(f) = toc.frames.get(idx.0 as usize) else {
+            continue;
+        };
+        match out.last_mut() {
+            Some(b) if cur_bytes + f.clen <= batch_bytes.max(1) => {
+                b.push(*idx);
+                cur_bytes += f.clen;
+            }
+            _ => {
+                out.push(vec![*idx]);
+                cur_bytes = f.clen;
+            }
+        }
+    }
+    out
+}
+
+/// Fills one layer; returns when every frame is in L2 or has failed 3 times.
+pub async fn run_fill(
+    store: Arc<FrameStore>,
+    toc: Arc<Toc>,
+    source: Arc<dyn BlobSource>,
+    cfg: FillConfig,
+    progress: Arc<FillProgress>,
+) {
+    progress
+        .frames_total
+        .store(toc.frames.len() as u64, Ordering::Relaxed);
+    progress.set_state(FillState::Running);
+    let missing: Vec<FrameIdx> = (0..toc.frames.len() as u32)
+        .map(FrameIdx)
+        .filter(|i| !store.l2().contains(&toc.frames[i.0 as usize].digest))
+        .collect();
+    progress
+        .frames_done
+        .store((toc.frames.len() - missing.len()) as u64, Ordering::Relaxed);
+    let started = Instant::now();
+    let sent = Arc::new(AtomicU64::new(0));
+    let work = batches(&toc, &missing, cfg.batch_bytes);
+    let failed = futures::stream::iter(work)
+        .map(|batch| {
+            let (store, toc, source, progress, sent) = (
+                store.clone(),
+                toc.clone(),
+                source.clone(),
+                progress.clone(),
+                sent.clone(),
+            );
+            let rate = cfg.rate_limit_bytes_per_sec;
+            async move {
+                let bytes: u64 = batch
+                    .iter()
+                    .filter_map(|i| toc.frames.get(i.0 as usize))
+                    .map(|f| f.clen)
+                    .sum();
+                let mut last = None;
+                for attempt in 0..3u32 {
+                    store.wait_demand_idle().await;
+                    let wait = pace(
+                        sent.fetch_add(bytes, Ordering::Relaxed),
+                        rate,
+                        started.elapsed(),
+                    );
+                    if !wait.is_zero() {
+                        tokio::time::sleep(wait).await;
+                    }
+                    match store
+                        .get_frames(&toc.frames, &source, &batch, Priority::Fill)
+                        .await
+                    {
+                        Ok(_) => {
+                            progress
+                                .frames_done
+                                .fetch_add(batch.len() as u64, Ordering::Relaxed);
+                            progress.bytes_fetched.fetch_add(bytes, Ordering::Relaxed);
+                            return false;
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = %e, attempt, "background fill request failed");
+                            last = Some(e.to_string());
+                            tokio::time::sleep(Duration::from_millis(200 << attempt)).await;
+                        }
+                    }
+                }
+                *progress.last_error.lock() = last;
+                true
+            }
+        })
+        .buffer_unordered(cfg.concurrency.max(1))
+        .fold(0usize, |n, failed| async move { n + usize::from(failed) })
+        .await;
+    progress.set_state(if failed == 0 {
+        FillState::Done
+    } else {
+        FillState::Failed
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use weenv_format::{Digest, Frame};
+
+    #[test]
+    fn pace_limits_rate() {
+        assert_eq!(pace(1000, 0, Duration::ZERO), Duration::ZERO);
+        assert_eq!(
+            pace(1000, 1000, Duration::from_millis(400)),
+            Duration::from_millis(600)
+        );
+        assert_eq!(pace(1000, 1000, Duration::from_secs(2)), Duration::ZERO);
+    }
+
+    #[test]
+    fn batches_respect_size() {
+        let frames = (0..5u64)
+            .map(|i| Frame {
+                offset: i * 10,
+                clen: 10,
+                ulen: 20,
+                digest: Digest::sha256(&[i as u8]),
+            })
+            .collect();
+        let toc = Toc {
+            version: 1,
+            frames,
+            entries: vec![],
+        };
+        let b = batches(
+            &toc,
+            &[FrameIdx(0), FrameIdx(1), FrameIdx(2), FrameIdx(4)],
+            25,
+        );
+        assert_eq!(
+            b,
+            vec![
+                vec![FrameIdx(0), FrameIdx(1)],
+                vec![FrameIdx(2), FrameIdx(4)]
+            ]
+        );
+    }
+}

@@ -1,0 +1,559 @@
+//! [`FrameStore`]: verified frames by index, from L1, L2 or the layer's source.
+//!
+//! Contract:
+//! - every frame returned or cached matched its TOC digest (`decode_frame`); a mismatch fails
+//!   the read (the caller answers EIO), is counted and logged (rate-limited), caches nothing,
+//!   and the next read fetches again;
+//! - single flight: concurrent misses of one frame digest cause one fetch; the claimer
+//!   publishes the result on a `watch` channel that waiters subscribe to; no lock is held
+//!   across an await (the in-flight map is locked only to claim or join);
+//! - misses claimed together are coalesced into range requests by [`plan_fetch`];
+//! - if a claimer is cancelled, its claims are released and waiters retry (no lost wakeups).
+//! - on-demand and read-ahead fetches are counted so the background fill can yield to them.
+
+use super::plan::{plan_fetch, PlanLimits, RangeRequest};
+use super::{BlobSource, FetchError};
+use crate::cache::{DiskCache, MemoryCache};
+use crate::metrics::Metrics;
+use bytes::Bytes;
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+use tokio::sync::{watch, Notify};
+use weenv_format::{Digest, Frame, FrameIdx};
+
+/// Why frames are wanted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Priority {
+    /// A FUSE read is waiting.
+    OnDemand,
+    /// Prefetch ahead of reads (file tail, directory neighbours).
+    ReadAhead,
+    /// Background fill.
+    Fill,
+}
+
+type Slot = Option<Result<Bytes, FetchError>>;
+
+/// Frames from caches or sources, verified, single flight.
+pub struct FrameStore {
+    l1: MemoryCache,
+    l2: DiskCache,
+    inflight: Mutex<HashMap<Digest, watch::Receiver<Slot>>>,
+    metrics: Arc<Metrics>,
+    limits: PlanLimits,
+    demand: AtomicUsize,
+    demand_idle: Notify,
+    last_verify_log: AtomicU64,
+    started: Instant,
+}
+
+/// A claimed in-flight frame: publishes the result, releases the claim on drop.
+struct Claim<'a> {
+    store: &'a FrameStore,
+    digest: Digest,
+    tx: watch::Sender<Slot>,
+}
+
+impl Claim<'_> {
+    fn finish(self, r: Result<Bytes, FetchError>) {
+        self.tx.send_replace(Some(r));
+    }
+}
+
+impl Drop for Claim<'_> {
+    fn drop(&mut self) {
+        self.store.inflight.lock().remove(&self.digest);
+    }
+}
+
+struct DemandGuard<'a>(&'a FrameStore);
+
+impl Drop for DemandGuard<'_> {
+    fn drop(&mut self) {
+        if self.0.demand.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.demand_idle.notify_waiters();
+        }
+    }
+}
+
+enum Plan<'a> {
+    Have(Bytes),
+    Fetch(Claim<'a>),
+    Wait(watch::Receiver<Slot>),
+}
+
+impl FrameStore {
+    /// A store over the two caches.
+    pub fn new(l1: MemoryCache, l2: DiskCache, metrics: Arc<Metrics>, limits: PlanLimits) -> Self {
+        FrameStore {
+            l1,
+            l2,
+            inflight: Mutex::new(HashMap::new()),
+            metrics,
+            limits,
+            demand: AtomicUsize::new(0),
+            demand_idle: Notify::new(),
+            last_verify_log: AtomicU64::new(0),
+            started: Instant::now(),
+        }
+    }
+
+    /// The disk cache.
+    pub fn l2(&self) -> &DiskCache {
+        &self.l2
+    }
+
+    /// The memory cache.
+    pub fn l1(&self) -> &MemoryCache {
+        &self.l1
+    }
+
+    /// The frame if it is cached (L1, then L2), counting hits and misses. Local I/O only.
+    pub fn cached(&self, frame: &Frame) -> Option<Bytes> {
+        if let Some(b) = self.l1.get(&frame.digest) {
+            self.metrics.l1_hits.fetch_add(1, Ordering::Relaxed);
+            return Some(b);
+        }
+        self.metrics.l1_misses.fetch_add(1, Ordering::Relaxed);
+        match self.l2.get(&frame.digest, frame.ulen) {
+            Ok(Some(b)) => {
+                self.metrics.l2_hits.fetch_add(1, Ordering::Relaxed);
+                self.l1.insert(frame.digest.clone(), b.clone());
+                Some(b)
+            }
+            Ok(None) => {
+                self.metrics.l2_misses.fetch_add(1, Ordering::Relaxed);
+                None
+            }
+            Err(e) => {
+                self.metrics.l2_misses.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(error = %e, "disk cache read failed; fetching the frame again");
+                None
+            }
+        }
+    }
+
+    /// Waits until no on-demand or read-ahead fetch is in flight.
+    pub async fn wait_demand_idle(&self) {
+        loop {
+            let n = self.demand_idle.notified();
+            tokio::pin!(n);
+            n.as_mut().enable();
+            if self.demand.load(Ordering::Acquire) == 0 {
+                return;
+            }
+            n.await;
+        }
+    }
+
+    /// Number of on-demand/read-ahead fetches in flight.
+    pub fn demand_in_flight(&self) -> usize {
+        self.demand.load(Ordering::Acquire)
+    }
+
+    fn frame<'f>(frames: &'f [Frame], idx: FrameIdx) -> Result<&'f Frame, FetchError> {
+        frames.get(idx.0 as usize).ok_or(FetchError::BadFrameIndex {
+            index: idx.0,
+            frames: frames.len(),
+        })
+    }
+
+    fn plan_one(&self, frame: &Frame) -> Plan<'_> {
+        if let Some(b) = self.cached(frame) {
+            return Plan::Have(b);
+        }
+        let mut map = self.inflight.lock();
+        if let Some(rx) = map.get(&frame.digest) {
+            return Plan::Wait(rx.clone());
+        }
+        let (tx, rx) = watch::channel(None);
+        map.insert(frame.digest.clone(), rx);
+        drop(map);
+        Plan::Fetch(Claim {
+            store: self,
+            digest: frame.digest.clone(),
+            tx,
+        })
+    }
+
+    /// Frames `idxs` of a layer (`frames` from its TOC, `source` its blob), in order.
+    pub async fn get_frames(
+        &self,
+        frames: &[Frame],
+        source: &Arc<dyn BlobSource>,
+        idxs: &[FrameIdx],
+        prio: Priority,
+    ) -> Result<Vec<Bytes>, FetchError> {
+        let mut out: Vec<Option<Bytes>> = vec![None; idxs.len()];
+        loop {
+            let mut claims: Vec<(usize, FrameIdx, Claim<'_>)> = Vec::new();
+            let mut waits: Vec<(usize, watch::Receiver<Slot>)> = Vec::new();
+            for (i, idx) in idxs.iter().enumerate() {
+                if out[i].is_some() {
+                    continue;
+                }
+                let f = Self::frame(frames, *idx)?;
+                match self.plan_one(f) {
+                    Plan::Have(b) => out[i] = Some(b),
+                    Plan::Fetch(c) => claims.push((i, *idx, c)),
+                    Plan::Wait(rx) => waits.push((i, rx)),
+                }
+            }
+            let mut first_err = None;
+            if !claims.is_empty() {
+                for (i, r) in self.fetch_claimed(frames, source, claims, prio).await {
+                    match r {
+                        Ok(b) => out[i] = Some(b),
+                        Err(e) => first_err = first_err.or(Some(e)),
+                    }
+                }
+            }
+            for (i, mut rx) in waits {
+                let r = rx
+                    .wait_for(Option::is_some)
+                    .await
+                    .ok()
+                    .and_then(|v| v.clone());
+                match r {
+                    Some(Ok(b)) => out[i] = Some(b),
+                    Some(Err(e)) => first_err = first_err.or(Some(e)),
+                    None => {} // claimer went away without a result: retry below.
+                }
+            }
+            if let Some(e) = first_err {
+                return Err(e);
+            }
+            if out.iter().all(Option::is_some) {
+                return Ok(out.into_iter().flatten().collect());
+            }
+        }
+    }
+
+    async fn fetch_claimed<'a>(
+        &'a self,
+        frames: &[Frame],
+        source: &Arc<dyn BlobSource>,
+        claims: Vec<(usize, FrameIdx, Claim<'a>)>,
+        prio: Priority,
+    ) -> Vec<(usize, Result<Bytes, FetchError>)> {
+        let _demand = (prio != Priority::Fill).then(|| {
+            self.demand.fetch_add(1, Ordering::AcqRel);
+            DemandGuard(self)
+        });
+        let wanted: Vec<FrameIdx> = claims.iter().map(|(_, idx, _)| *idx).collect();
+        let mut by_idx: HashMap<FrameIdx, Vec<(usize, Claim<'a>)>> = HashMap::new();
+        for (i, idx, c) in claims {
+            by_idx.entry(idx).or_default().push((i, c));
+        }
+        let plan = plan_fetch(frames, &wanted, self.limits);
+        let mut jobs = Vec::new();
+        for req in plan {
+            let mut group = Vec::new();
+            for idx in &req.frames {
+                if let Some(v) = by_idx.remove(idx) {
+                    group.push((*idx, v));
+                }
+            }
+            jobs.push(self.run_request(frames, source, req, group, prio));
+        }
+        futures::future::join_all(jobs)
+            .await
+            .into_iter()
+            .flatten()
+            .collect()
+    }
+
+    async fn run_request<'a>(
+        &'a self,
+        frames: &[Frame],
+        source: &Arc<dyn BlobSource>,
+        req: RangeRequest,
+        group: Vec<(FrameIdx, Vec<(usize, Claim<'a>)>)>,
+        prio: Priority,
+    ) -> Vec<(usize, Result<Bytes, FetchError>)> {
+        let t0 = Instant::now();
+        self.metrics.range_requests.fetch_add(1, Ordering::Relaxed);
+        let res = source.read_range(req.offset, req.len).await;
+        self.metrics.observe_fetch_latency(t0.elapsed());
+        let res = res.and_then(|b| {
+            if b.len() as u64 == req.len {
+                Ok(b)
+            } else {
+                Err(FetchError::ShortRead {
+                    source_name: source.name(),
+                    offset: req.offset,
+                    expected: req.len,
+                    actual: b.len() as u64,
+                })
+            }
+        });
+        let counter = if prio == Priority::Fill {
+            &self.metrics.bytes_fetched_fill
+        } else {
+            &self.metrics.bytes_fetched_on_demand
+        };
+        let mut out = Vec::new();
+        let blob = match res {
+            Ok(b) => {
+                counter.fetch_add(req.len, Ordering::Relaxed);
+                b
+            }
+            Err(e) => {
+                self.metrics
+                    .range_request_errors
+                    .fetch_add(1, Ordering::Relaxed);
+                for (_, claims) in group {
+                    for (i, c) in claims {
+                        out.push((i, Err(e.clone())));
+                        c.finish(Err(e.clone()));
+                    }
+                }
+                return out;
+            }
+        };
+        for (idx, claims) in group {
+            let r = match frames.get(idx.0 as usize) {
+                Some(f) => self.verify_and_cache(f, &blob, req.offset, prio).await,
+                None => Err(FetchError::BadFrameIndex {
+                    index: idx.0,
+                    frames: frames.len(),
+                }),
+            };
+            let mut claims = claims.into_iter();
+            if let Some((i, c)) = claims.next() {
+                out.push((i, r.clone()));
+                c.finish(r.clone());
+            }
+            for (i, c) in claims {
+                // Same frame index asked twice in one call: the first claim published it.
+                out.push((i, r.clone()));
+                drop(c);
+            }
+        }
+        out
+    }
+
+    async fn verify_and_cache(
+        &self,
+        f: &Frame,
+        blob: &Bytes,
+        base: u64,
+        prio: Priority,
+    ) -> Result<Bytes, FetchError> {
+        let start = usize::try_from(f.offset - base).unwrap_or(usize::MAX);
+        let end = start.saturating_add(usize::try_from(f.clen).unwrap_or(usize::MAX));
+        let Some(compressed) = blob.get(start..end) else {
+            return Err(FetchError::Stopped(format!(
+                "frame at {} outside its request",
+                f.offset
+            )));
+        };
+        let compressed = blob.slice_ref(compressed);
+        let frame = f.clone();
+        let decoded = tokio::task::spawn_blocking(move || {
+            weenv_format::frame::decode_frame(&frame, &compressed).map_err(|e| e.to_string())
+        })
+        .await
+        .map_err(|e| FetchError::Stopped(e.to_string()))?;
+        match decoded {
+            Ok(v) => {
+                let b = Bytes::from(v);
+                if let Err(e) = self.l2.put(&f.digest, &b) {
+                    tracing::warn!(error = %e, "could not write frame to the disk cache");
+                }
+                if prio != Priority::Fill {
+                    // The fill must not push the working set out of memory.
+                    self.l1.insert(f.digest.clone(), b.clone());
+                }
+                Ok(b)
+            }
+            Err(reason) => {
+                self.metrics
+                    .verification_failures
+                    .fetch_add(1, Ordering::Relaxed);
+                self.log_verify_failure(f, &reason);
+                Err(FetchError::Verify {
+                    frame: f.digest.clone(),
+                    offset: f.offset,
+                    reason,
+                })
+            }
+        }
+    }
+
+    fn log_verify_failure(&self, f: &Frame, reason: &str) {
+        let now = self.started.elapsed().as_secs() + 1;
+        let last = self.last_verify_log.load(Ordering::Relaxed);
+        if now > last
+            && self
+                .last_verify_log
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            tracing::error!(frame = %f.digest, offset = f.offset, reason, "frame failed verification; serving EIO (further failures this second not logged)");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fetch::testutil::{build_layer, noise, tar_of, MemSource, T};
+
+    struct Fixture {
+        _dir: tempfile::TempDir,
+        store: Arc<FrameStore>,
+        metrics: Arc<Metrics>,
+        toc: weenv_format::Toc,
+    }
+
+    /// A layer of four ~4 KiB files, each in its own frame.
+    fn fixture(dir: Option<tempfile::TempDir>) -> (Fixture, Vec<u8>) {
+        let files: Vec<(String, Vec<u8>)> =
+            (0..4).map(|i| (format!("f{i}"), noise(i, 3000))).collect();
+        let entries: Vec<T<'_>> = files.iter().map(|(p, d)| T::File(p, d.clone())).collect();
+        let (_, toc, blob) = build_layer(&tar_of(&entries), 4096);
+        let dir = dir.unwrap_or_else(|| tempfile::tempdir().unwrap());
+        let metrics = Arc::new(Metrics::new());
+        let l2 = DiskCache::open(dir.path(), 1 << 30, metrics.clone()).unwrap();
+        let limits = PlanLimits {
+            max_gap: 0,
+            max_request: 1 << 20,
+        };
+        let store = Arc::new(FrameStore::new(
+            MemoryCache::new(1 << 20),
+            l2,
+            metrics.clone(),
+            limits,
+        ));
+        (
+            Fixture {
+                _dir: dir,
+                store,
+                metrics,
+                toc,
+            },
+            blob,
+        )
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_misses_cause_one_fetch() {
+        let (fx, blob) = fixture(None);
+        let (src, gate) = MemSource::gated(blob);
+        let dyn_src: Arc<dyn BlobSource> = src.clone();
+        let frames = Arc::new(fx.toc.frames.clone());
+        let mut tasks = Vec::new();
+        for _ in 0..8 {
+            let (store, frames, s) = (fx.store.clone(), frames.clone(), dyn_src.clone());
+            tasks.push(tokio::spawn(async move {
+                store
+                    .get_frames(&frames, &s, &[FrameIdx(0)], Priority::OnDemand)
+                    .await
+            }));
+        }
+        // Wait until the one fetch is in flight, then let it finish.
+        while src.requests().is_empty() {
+            tokio::task::yield_now().await;
+        }
+        gate.add_permits(100);
+        let mut results = Vec::new();
+        for t in tasks {
+            results.push(t.await.unwrap().unwrap());
+        }
+        assert_eq!(
+            src.requests().len(),
+            1,
+            "one range request for eight readers"
+        );
+        assert!(results.iter().all(|r| r[0] == results[0][0]));
+        assert!(fx.store.inflight.lock().is_empty());
+    }
+
+    #[tokio::test]
+    async fn adjacent_misses_are_coalesced() {
+        let (fx, blob) = fixture(None);
+        let src = MemSource::new(blob);
+        let s: Arc<dyn BlobSource> = src.clone();
+        let n = fx.toc.frames.len() as u32;
+        assert!(n >= 4, "fixture has {n} frames");
+        let want: Vec<FrameIdx> = (0..n).map(FrameIdx).collect();
+        let got = fx
+            .store
+            .get_frames(&fx.toc.frames, &s, &want, Priority::OnDemand)
+            .await
+            .unwrap();
+        assert_eq!(got.len(), want.len());
+        let reqs = src.requests();
+        assert_eq!(reqs.len(), 1, "all frames in one request: {reqs:?}");
+        let last = &fx.toc.frames[n as usize - 1];
+        assert_eq!(reqs[0], (0, last.offset + last.clen));
+        // Everything is cached now.
+        fx.store
+            .get_frames(&fx.toc.frames, &s, &want, Priority::OnDemand)
+            .await
+            .unwrap();
+        assert_eq!(src.requests().len(), 1);
+    }
+
+    #[tokio::test]
+    async fn tampered_frame_is_never_served_or_cached_and_repair_works() {
+        let (fx, blob) = fixture(None);
+        let src = MemSource::new(blob.clone());
+        let s: Arc<dyn BlobSource> = src.clone();
+        let f1 = fx.toc.frames[1].clone();
+        let at = (f1.offset + f1.clen / 2) as usize;
+        src.data.lock()[at] ^= 0x55;
+        let err = fx
+            .store
+            .get_frames(&fx.toc.frames, &s, &[FrameIdx(1)], Priority::OnDemand)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, FetchError::Verify { .. }), "{err}");
+        assert!(!fx.store.l1().contains(&f1.digest));
+        assert!(!fx.store.l2().contains(&f1.digest));
+        assert_eq!(fx.metrics.verification_failures.load(Ordering::Relaxed), 1);
+        // Still bad: fetched again, fails again.
+        assert!(fx
+            .store
+            .get_frames(&fx.toc.frames, &s, &[FrameIdx(1)], Priority::OnDemand)
+            .await
+            .is_err());
+        src.data.lock()[at] ^= 0x55;
+        let ok = fx
+            .store
+            .get_frames(&fx.toc.frames, &s, &[FrameIdx(1)], Priority::OnDemand)
+            .await
+            .unwrap();
+        assert_eq!(ok[0].len() as u64, f1.ulen);
+        assert_eq!(src.requests().len(), 3);
+        assert!(fx.store.l2().contains(&f1.digest));
+    }
+
+    #[tokio::test]
+    async fn disk_cache_survives_a_new_store_and_fill_skips_l1() {
+        let (fx, blob) = fixture(None);
+        let s: Arc<dyn BlobSource> = MemSource::new(blob.clone());
+        fx.store
+            .get_frames(&fx.toc.frames, &s, &[FrameIdx(2)], Priority::Fill)
+            .await
+            .unwrap();
+        assert!(
+            !fx.store.l1().contains(&fx.toc.frames[2].digest),
+            "fill does not fill L1"
+        );
+        let Fixture { _dir, .. } = fx;
+        let (fx2, _) = fixture(Some(_dir));
+        let src2 = MemSource::new(blob);
+        let s2: Arc<dyn BlobSource> = src2.clone();
+        fx2.store
+            .get_frames(&fx2.toc.frames, &s2, &[FrameIdx(2)], Priority::OnDemand)
+            .await
+            .unwrap();
+        assert!(src2.requests().is_empty(), "served from L2 after restart");
+        assert_eq!(fx2.metrics.l2_hits.load(Ordering::Relaxed), 1);
+    }
+}

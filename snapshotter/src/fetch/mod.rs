@@ -1,0 +1,56 @@
+//! Getting verified frames: blob sources, coalescing, single flight, read-ahead, fill.
+//!
+//! - [`source`]: the [`BlobSource`] trait (the network sits behind it) and its
+//!   implementations: [`FileBlobSource`] (local file, tests/benches) and
+//!   [`RegistryBlobSource`] (ranged GETs through `weenv_registry`).
+//! - [`plan`]: pure coalescing of frame misses into range requests.
+//! - [`frames`]: [`FrameStore`], the read path L1 -> L2 -> source with single flight per
+//!   frame and verification of every frame before it is cached or served.
+//! - [`fill`]: background fill of whole layers, lower priority than on-demand reads.
+
+pub mod fill;
+pub mod frames;
+pub mod plan;
+pub mod source;
+#[cfg(test)]
+pub(crate) mod testutil;
+
+pub use fill::{FillConfig, FillProgress, FillState};
+pub use frames::{FrameStore, Priority};
+pub use source::{BlobSource, CountingSource, FileBlobSource};
+
+use thiserror::Error;
+use weenv_format::Digest;
+
+/// Errors of the fetch path. Cloneable: one failed fetch is reported to every waiter.
+#[derive(Clone, Debug, Error)]
+pub enum FetchError {
+    #[error("fetching {len} bytes at offset {offset} of {source_name}: {reason} (check registry reachability and credentials)")]
+    Source {
+        source_name: String,
+        offset: u64,
+        len: u64,
+        reason: String,
+    },
+    #[error(
+        "source {source_name} returned {actual} bytes for a {expected}-byte range at {offset}"
+    )]
+    ShortRead {
+        source_name: String,
+        offset: u64,
+        expected: u64,
+        actual: u64,
+    },
+    #[error("frame {frame} (at blob offset {offset}) failed verification: {reason}; not cached, will be refetched")]
+    Verify {
+        frame: Digest,
+        offset: u64,
+        reason: String,
+    },
+    #[error("frame index {index} is out of range (TOC has {frames} frames)")]
+    BadFrameIndex { index: u32, frames: usize },
+    #[error("disk cache: {0}")]
+    Cache(String),
+    #[error("fetch task stopped: {0}")]
+    Stopped(String),
+}

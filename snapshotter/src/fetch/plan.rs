@@ -1,0 +1,156 @@
+//! Coalescing frame misses into range requests (pure).
+//!
+//! Frames sit back to back in the blob. Misses are sorted by blob offset and merged into one
+//! request while the hole between them is at most `max_gap` bytes (fetching a small hole is
+//! cheaper than a round trip) and the request stays within `max_request` bytes (so one slow
+//! request does not hold up everything, and memory stays bounded). A single frame larger than
+//! `max_request` is still one request.
+
+use weenv_format::{Frame, FrameIdx};
+
+/// Limits of [`plan_fetch`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PlanLimits {
+    /// Largest hole (bytes) bridged between two wanted frames.
+    pub max_gap: u64,
+    /// Largest request (bytes), unless a single frame is larger.
+    pub max_request: u64,
+}
+
+impl Default for PlanLimits {
+    fn default() -> Self {
+        PlanLimits {
+            max_gap: 256 << 10,
+            max_request: 16 << 20,
+        }
+    }
+}
+
+/// One ranged read covering `frames` (in blob order).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RangeRequest {
+    pub offset: u64,
+    pub len: u64,
+    pub frames: Vec<FrameIdx>,
+}
+
+/// Plans the requests for `wanted` frames of `frames`. Indices out of range are ignored
+/// (callers check them first).
+pub fn plan_fetch(frames: &[Frame], wanted: &[FrameIdx], limits: PlanLimits) -> Vec<RangeRequest> {
+    let mut w: Vec<FrameIdx> = wanted
+        .iter()
+        .copied()
+        .filter(|i| (i.0 as usize) < frames.len())
+        .collect();
+    w.sort_by_key(|i| (frames[i.0 as usize].offset, i.0));
+    w.dedup();
+    let mut out: Vec<RangeRequest> = Vec::new();
+    for idx in w {
+        let f = &frames[idx.0 as usize];
+        let f_end = f.offset + f.clen;
+        if let Some(cur) = out.last_mut() {
+            let cur_end = cur.offset + cur.len;
+            let gap = f.offset.saturating_sub(cur_end);
+            if f.offset >= cur_end
+                && gap <= limits.max_gap
+                && f_end - cur.offset <= limits.max_request
+            {
+                cur.len = f_end - cur.offset;
+                cur.frames.push(idx);
+                continue;
+            }
+        }
+        out.push(RangeRequest {
+            offset: f.offset,
+            len: f.clen,
+            frames: vec![idx],
+        });
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use weenv_format::Digest;
+
+    fn frames(lens: &[u64]) -> Vec<Frame> {
+        let mut off = 0;
+        lens.iter()
+            .map(|l| {
+                let f = Frame {
+                    offset: off,
+                    clen: *l,
+                    ulen: *l * 2,
+                    digest: Digest::sha256(&off.to_le_bytes()),
+                };
+                off += l;
+                f
+            })
+            .collect()
+    }
+
+    #[test]
+    fn adjacent_misses_become_one_request() {
+        let fr = frames(&[100, 100, 100, 100]);
+        let p = plan_fetch(
+            &fr,
+            &[FrameIdx(2), FrameIdx(0), FrameIdx(1)],
+            PlanLimits {
+                max_gap: 0,
+                max_request: 1000,
+            },
+        );
+        assert_eq!(
+            p,
+            vec![RangeRequest {
+                offset: 0,
+                len: 300,
+                frames: vec![FrameIdx(0), FrameIdx(1), FrameIdx(2)]
+            }]
+        );
+    }
+
+    #[test]
+    fn gaps_bridged_only_up_to_max_gap() {
+        let fr = frames(&[100, 100, 100, 100, 100]);
+        let w = [FrameIdx(0), FrameIdx(2), FrameIdx(4), FrameIdx(4)];
+        let p = plan_fetch(
+            &fr,
+            &w,
+            PlanLimits {
+                max_gap: 100,
+                max_request: 1000,
+            },
+        );
+        assert_eq!(p.len(), 1);
+        assert_eq!((p[0].offset, p[0].len), (0, 500));
+        assert_eq!(p[0].frames, vec![FrameIdx(0), FrameIdx(2), FrameIdx(4)]);
+        let p = plan_fetch(
+            &fr,
+            &w,
+            PlanLimits {
+                max_gap: 99,
+                max_request: 1000,
+            },
+        );
+        assert_eq!(p.len(), 3);
+    }
+
+    #[test]
+    fn max_request_splits_but_big_frames_pass() {
+        let fr = frames(&[100, 100, 500, 100]);
+        let all: Vec<_> = (0..4).map(FrameIdx).collect();
+        let p = plan_fetch(
+            &fr,
+            &all,
+            PlanLimits {
+                max_gap: 0,
+                max_request: 250,
+            },
+        );
+        let spans: Vec<_> = p.iter().map(|r| (r.offset, r.len)).collect();
+        assert_eq!(spans, vec![(0, 200), (200, 500), (700, 100)]);
+        assert!(plan_fetch(&fr, &[FrameIdx(9)], PlanLimits::default()).is_empty());
+    }
+}

@@ -1,0 +1,144 @@
+//! Test helpers: weenv layers built from in-memory tars, and an in-memory blob source with a
+//! request log, a gate (to hold requests in flight) and tampering.
+
+use super::{BlobSource, FetchError};
+use async_trait::async_trait;
+use bytes::Bytes;
+use parking_lot::Mutex;
+use std::sync::Arc;
+use tokio::sync::Semaphore;
+use weenv_format::writer::{write_layer, WriterOptions};
+use weenv_format::{Digest, Toc};
+
+/// A tar entry for [`build_layer`].
+pub enum T<'a> {
+    File(&'a str, Vec<u8>),
+    Dir(&'a str),
+    Link(&'a str, &'a str),
+    Symlink(&'a str, &'a str),
+}
+
+/// A tar archive of `entries`.
+pub fn tar_of(entries: &[T<'_>]) -> Vec<u8> {
+    let mut b = tar::Builder::new(Vec::new());
+    for e in entries {
+        let mut h = tar::Header::new_gnu();
+        h.set_mtime(1_700_000_000);
+        match e {
+            T::File(p, data) => {
+                h.set_entry_type(tar::EntryType::Regular);
+                h.set_mode(0o644);
+                h.set_size(data.len() as u64);
+                b.append_data(&mut h, p, &data[..]).unwrap();
+            }
+            T::Dir(p) => {
+                h.set_entry_type(tar::EntryType::Directory);
+                h.set_mode(0o755);
+                h.set_size(0);
+                b.append_data(&mut h, p, &[][..]).unwrap();
+            }
+            T::Link(p, target) => {
+                h.set_entry_type(tar::EntryType::Link);
+                h.set_size(0);
+                b.append_link(&mut h, p, target).unwrap();
+            }
+            T::Symlink(p, target) => {
+                h.set_entry_type(tar::EntryType::Symlink);
+                h.set_mode(0o777);
+                h.set_size(0);
+                b.append_link(&mut h, p, target).unwrap();
+            }
+        }
+    }
+    b.into_inner().unwrap()
+}
+
+/// Converts a tar into (blob digest, TOC, blob) with small frames (`frame_size`).
+pub fn build_layer(tar: &[u8], frame_size: u64) -> (Digest, Toc, Vec<u8>) {
+    let mut blob = Vec::new();
+    let opts = WriterOptions {
+        frame_size,
+        small_file_threshold: frame_size / 2,
+        chunk_size: frame_size,
+        ..WriterOptions::default()
+    };
+    let s = write_layer(tar, &mut blob, &opts).unwrap();
+    let toc = weenv_format::reader::LayerReader::open(blob.clone(), None)
+        .unwrap()
+        .into_toc();
+    (s.blob_digest, toc, blob)
+}
+
+/// Deterministic pseudo-random bytes (poorly compressible).
+pub fn noise(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// In-memory blob with a request log and an optional gate.
+pub struct MemSource {
+    pub data: Mutex<Vec<u8>>,
+    pub log: Mutex<Vec<(u64, u64)>>,
+    gate: Option<Arc<Semaphore>>,
+}
+
+impl MemSource {
+    pub fn new(data: Vec<u8>) -> Arc<Self> {
+        Arc::new(MemSource {
+            data: Mutex::new(data),
+            log: Mutex::new(Vec::new()),
+            gate: None,
+        })
+    }
+
+    /// A source whose requests wait for a permit of the returned semaphore.
+    pub fn gated(data: Vec<u8>) -> (Arc<Self>, Arc<Semaphore>) {
+        let g = Arc::new(Semaphore::new(0));
+        (
+            Arc::new(MemSource {
+                data: Mutex::new(data),
+                log: Mutex::new(Vec::new()),
+                gate: Some(g.clone()),
+            }),
+            g,
+        )
+    }
+
+    pub fn requests(&self) -> Vec<(u64, u64)> {
+        self.log.lock().clone()
+    }
+}
+
+#[async_trait]
+impl BlobSource for MemSource {
+    async fn read_range(&self, offset: u64, len: u64) -> Result<Bytes, FetchError> {
+        self.log.lock().push((offset, len));
+        if let Some(g) = &self.gate {
+            g.acquire().await.unwrap().forget();
+        }
+        let d = self.data.lock();
+        let s = offset as usize;
+        let e = (offset + len) as usize;
+        d.get(s..e)
+            .map(Bytes::copy_from_slice)
+            .ok_or_else(|| FetchError::Source {
+                source_name: "mem".into(),
+                offset,
+                len,
+                reason: "past end".into(),
+            })
+    }
+
+    fn size(&self) -> u64 {
+        self.data.lock().len() as u64
+    }
+}

@@ -1,0 +1,384 @@
+//! The FUSE filesystem: one session, one directory per layer (named by digest hex).
+//!
+//! - [`inode`]: the inode table of a layer, built from its TOC (pure; whiteouts, hardlinks).
+//! - [`layer`]: a mounted layer and the inode numbering.
+//! - [`ops`]: shared state and the `Result<T, Errno>` helpers behind each request.
+//! - [`passthrough`]: complete files handed to the kernel (FUSE passthrough).
+//!
+//! This module's [`WeenvFs`] only decodes requests, calls a helper and replies. Reads that
+//! miss memory move their `ReplyData` into a tokio task and reply when the frames arrive, so
+//! no FUSE loop ever waits on the network. Nothing here panics on a request path.
+
+pub mod inode;
+pub mod layer;
+pub mod ops;
+pub mod passthrough;
+
+use crate::metrics::FuseOp;
+use fuser::{
+    AccessFlags, Errno, FileHandle, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
+    KernelConfig, LockOwner, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyDirectoryPlus,
+    ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyXattr, Request,
+};
+use inode::NodeKind;
+use layer::{decode_ino, ROOT_INO};
+use ops::FsState;
+use std::ffi::OsStr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// The `fuser::Filesystem` adapter over [`FsState`].
+pub struct WeenvFs {
+    pub st: Arc<FsState>,
+}
+
+fn xattr_reply(reply: ReplyXattr, size: u32, data: &[u8]) -> bool {
+    if size == 0 {
+        reply.size(data.len() as u32);
+        true
+    } else if (size as usize) < data.len() {
+        reply.error(Errno::ERANGE);
+        false
+    } else {
+        reply.data(data);
+        true
+    }
+}
+
+impl WeenvFs {
+    /// First lookup in or listing of a directory: prefetch the frames of its small files.
+    fn touch_dir(&self, ino: u64) {
+        if self.st.fill.dir_prefetch_frames == 0 {
+            return;
+        }
+        let Ok((layer, node)) = self.st.resolve(ino) else {
+            return;
+        };
+        if !layer.first_touch(node) {
+            return;
+        }
+        let frames = self.st.dir_prefetch_frames(&layer, node);
+        let frames: Vec<_> = frames
+            .into_iter()
+            .filter(|i| {
+                layer
+                    .toc
+                    .frames
+                    .get(i.0 as usize)
+                    .is_some_and(|f| !self.st.store.l2().contains(&f.digest))
+            })
+            .collect();
+        self.st.prefetch(layer, frames);
+    }
+}
+
+impl Filesystem for WeenvFs {
+    fn init(&mut self, _req: &Request, cfg: &mut KernelConfig) -> std::io::Result<()> {
+        if self.st.passthrough.enabled {
+            match cfg.add_capabilities(InitFlags::FUSE_PASSTHROUGH) {
+                Ok(()) => {
+                    if let Err(d) = cfg.set_max_stack_depth(1) {
+                        tracing::warn!(
+                            max = d,
+                            "kernel refused max_stack_depth 1; passthrough off"
+                        );
+                    } else {
+                        self.st.passthrough.available.store(true, Ordering::Relaxed);
+                    }
+                }
+                Err(_) => tracing::warn!(
+                    "kernel lacks FUSE_PASSTHROUGH; complete files are served through FUSE reads"
+                ),
+            }
+        }
+        // Large reads: frames are ~1 MiB.
+        let _ = cfg.set_max_readahead(1 << 20);
+        Ok(())
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let mut op = self.st.metrics.op(FuseOp::Lookup);
+        match self.st.lookup_name(parent.0, name) {
+            Ok((attr, ttl)) => {
+                self.touch_dir(parent.0);
+                reply.entry(&ttl, &attr, Generation(0));
+            }
+            Err(e) => {
+                if e != Errno::ENOENT {
+                    op.fail();
+                }
+                reply.error(e);
+            }
+        }
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        let mut op = self.st.metrics.op(FuseOp::Getattr);
+        match self.st.attr(ino.0) {
+            Ok((attr, ttl)) => reply.attr(&ttl, &attr),
+            Err(e) => {
+                op.fail();
+                reply.error(e);
+            }
+        }
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        let mut op = self.st.metrics.op(FuseOp::Readlink);
+        match self.st.readlink(ino.0) {
+            Ok(t) => reply.data(&t),
+            Err(e) => {
+                op.fail();
+                reply.error(e);
+            }
+        }
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let mut op = self.st.metrics.op(FuseOp::Open);
+        if flags.0 & libc::O_ACCMODE != libc::O_RDONLY {
+            op.fail();
+            return reply.error(Errno::EROFS);
+        }
+        let (layer, node) = match self.st.resolve(ino.0) {
+            Ok(v) => v,
+            Err(e) => {
+                op.fail();
+                return reply.error(e);
+            }
+        };
+        let big = layer
+            .table
+            .node(node)
+            .is_some_and(|n| n.kind == NodeKind::File && n.size > 0);
+        if !(big && self.st.passthrough.active()) {
+            return reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE);
+        }
+        let complete = layer.file_frames(node).iter().all(|i| {
+            layer
+                .toc
+                .frames
+                .get(i.0 as usize)
+                .is_some_and(|f| self.st.store.l2().contains(&f.digest))
+        });
+        if !complete {
+            return reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE);
+        }
+        let st = self.st.clone();
+        self.st.rt.spawn_blocking(move || {
+            match st.passthrough.materialise(st.store.l2(), &layer, node) {
+                Ok(Some(path)) => {
+                    if st.passthrough.open(reply, ino.0, &path) {
+                        st.metrics.passthrough_opens.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                Ok(None) => reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE),
+                Err(e) => {
+                    tracing::warn!(error = %e, layer = %layer.digest, node, "materialising a complete file failed");
+                    reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE);
+                }
+            }
+        });
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        let mut op = self.st.metrics.op(FuseOp::Read);
+        let plan = match self.st.read_plan(ino.0, offset, size) {
+            Ok(p) => p,
+            Err(e) => {
+                op.fail();
+                return reply.error(e);
+            }
+        };
+        if plan.frames.is_empty() {
+            return reply.data(&[]);
+        }
+        if self.st.fill.read_ahead_bytes > 0 && plan.layer.first_touch(plan.node) {
+            let ra = self.st.read_ahead_frames(&plan);
+            self.st.prefetch(plan.layer.clone(), ra);
+        }
+        if let Some(data) = self.st.read_from_memory(&plan) {
+            self.st
+                .metrics
+                .read_bytes_served
+                .fetch_add(data.len() as u64, Ordering::Relaxed);
+            return reply.data(&data);
+        }
+        let st = self.st.clone();
+        self.st.rt.spawn(async move {
+            match st.read(&plan).await {
+                Ok(data) => {
+                    st.metrics.read_bytes_served.fetch_add(data.len() as u64, Ordering::Relaxed);
+                    reply.data(&data);
+                }
+                Err(e) => {
+                    st.metrics.op_error(FuseOp::Read);
+                    tracing::debug!(error = %e, layer = %plan.layer.digest, node = plan.node, "read failed: EIO");
+                    reply.error(Errno::EIO);
+                }
+            }
+        });
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        let _op = self.st.metrics.op(FuseOp::Release);
+        self.st.passthrough.release(ino.0, fh.0);
+        reply.ok();
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let mut op = self.st.metrics.op(FuseOp::Opendir);
+        match self.st.attr(ino.0) {
+            Ok((a, _)) if a.kind == fuser::FileType::Directory => {
+                // Layer directories never change: let the kernel cache their listings.
+                let flags = if ino.0 == ROOT_INO {
+                    FopenFlags::empty()
+                } else {
+                    FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE
+                };
+                reply.opened(FileHandle(0), flags);
+            }
+            Ok(_) => {
+                op.fail();
+                reply.error(Errno::ENOTDIR);
+            }
+            Err(e) => {
+                op.fail();
+                reply.error(e);
+            }
+        }
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        let mut op = self.st.metrics.op(FuseOp::Readdir);
+        if offset == 0 && ino.0 != ROOT_INO {
+            self.touch_dir(ino.0);
+        }
+        let mut i = offset;
+        loop {
+            match self.st.dir_entry(ino.0, i) {
+                Ok(Some(e)) => {
+                    if reply.add(INodeNo(e.ino), i + 1, e.kind, &e.name) {
+                        break;
+                    }
+                    i += 1;
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    op.fail();
+                    return reply.error(e);
+                }
+            }
+        }
+        reply.ok();
+    }
+
+    fn readdirplus(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        let mut op = self.st.metrics.op(FuseOp::Readdirplus);
+        if offset == 0 && ino.0 != ROOT_INO {
+            self.touch_dir(ino.0);
+        }
+        let mut i = offset;
+        loop {
+            match self.st.dir_entry(ino.0, i) {
+                Ok(Some(e)) => {
+                    let Ok((attr, ttl)) = self.st.attr(e.ino) else {
+                        break;
+                    };
+                    if reply.add(INodeNo(e.ino), i + 1, &e.name, &ttl, &attr, Generation(0)) {
+                        break;
+                    }
+                    i += 1;
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    op.fail();
+                    return reply.error(e);
+                }
+            }
+        }
+        reply.ok();
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        let _op = self.st.metrics.op(FuseOp::Statfs);
+        let (blocks, files) = self.st.totals();
+        reply.statfs(blocks, 0, 0, files, 0, 4096, 255, 4096);
+    }
+
+    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        let mut op = self.st.metrics.op(FuseOp::Getxattr);
+        match self.st.getxattr(ino.0, name) {
+            Ok(v) => {
+                if !xattr_reply(reply, size, &v) {
+                    op.fail();
+                }
+            }
+            Err(e) => {
+                if e != Errno::NO_XATTR {
+                    op.fail();
+                }
+                reply.error(e);
+            }
+        }
+    }
+
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        let mut op = self.st.metrics.op(FuseOp::Listxattr);
+        match self.st.listxattr(ino.0) {
+            Ok(v) => {
+                if !xattr_reply(reply, size, &v) {
+                    op.fail();
+                }
+            }
+            Err(e) => {
+                op.fail();
+                reply.error(e);
+            }
+        }
+    }
+
+    fn access(&self, _req: &Request, ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {
+        // With default_permissions the kernel checks modes itself; this only confirms existence.
+        let mut op = self.st.metrics.op(FuseOp::Access);
+        if ino.0 == ROOT_INO || decode_ino(ino.0).is_some_and(|_| self.st.resolve(ino.0).is_ok()) {
+            reply.ok();
+        } else {
+            op.fail();
+            reply.error(Errno::ENOENT);
+        }
+    }
+}

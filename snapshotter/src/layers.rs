@@ -1,0 +1,385 @@
+//! [`LayerStore`]: the node's weenv layers, exposed read-only through ONE FUSE session.
+//!
+//! `<mountpoint>/<layer digest hex>` is the root of each added layer and is used directly as
+//! an overlayfs lowerdir. Frames are cached once per node (L1 memory, L2 disk, content
+//! addressed), shared by every layer that holds them.
+//!
+//! One session for all layers, not one per layer, because:
+//! - mounting is per-layer work on the container start path: a per-layer session costs a
+//!   mount(2), a /dev/fuse fd, an INIT handshake and `fuse_threads` threads per layer (an
+//!   image of 30 layers would mean 30 mounts and, at 4 threads each, 120 mostly idle
+//!   threads); with one session `add_layer` is an in-memory table insert (no syscall);
+//! - one set of FUSE worker threads serves whichever layers are hot, instead of idle threads
+//!   pinned to cold layers;
+//! - caches, single flight and the fill's priority are node-wide anyway;
+//! - the kernel cost is the same: overlayfs addresses each lowerdir by its dentry, and FUSE
+//!   requests carry the inode number, which encodes the layer (see [`crate::fs::layer`]).
+//!
+//! The price: a daemon crash takes every layer down at once (it would with per-layer sessions
+//! too, since they live in the same process), and a layer cannot be unmounted by itself
+//! (`remove_layer` forgets it; the kernel drops its dentries).
+
+use crate::cache::{CacheError, DiskCache, MemoryCache};
+use crate::fetch::fill::run_fill;
+use crate::fetch::plan::PlanLimits;
+use crate::fetch::{BlobSource, FillConfig, FillState, FrameStore};
+use crate::fs::layer::{Layer, ROOT_INO};
+use crate::fs::ops::{FsState, Layers};
+use crate::fs::passthrough::Passthrough;
+use crate::fs::WeenvFs;
+use crate::metrics::Metrics;
+use fuser::{BackgroundSession, Config, INodeNo, MountOption, Notifier, SessionACL};
+use parking_lot::{Mutex, RwLock};
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+use thiserror::Error;
+use tokio::task::JoinHandle;
+use weenv_format::{Digest, Toc};
+
+/// Configuration of the layer store.
+#[derive(Clone, Debug)]
+pub struct LayerStoreConfig {
+    /// Where the FUSE session is mounted (created if missing).
+    pub mountpoint: PathBuf,
+    /// Cache root: `frames/` (L2) and `files/` (complete files for passthrough). Must be on
+    /// a non-stacked local fs (ext4, xfs), not on overlayfs.
+    pub cache_dir: PathBuf,
+    /// L1 capacity in bytes.
+    pub memory_cache_bytes: u64,
+    /// L2 capacity in bytes (frames only; complete files are extra).
+    pub disk_cache_bytes: u64,
+    /// Background fill, read-ahead and coalescing.
+    pub fill: FillConfig,
+    /// FUSE worker threads (each with its own cloned /dev/fuse fd).
+    pub fuse_threads: usize,
+    /// Use FUSE passthrough for complete files when the kernel supports it.
+    pub passthrough: bool,
+}
+
+/// Errors of the layer store.
+#[derive(Debug, Error)]
+pub enum LayerError {
+    #[error(
+        "mounting FUSE at {mountpoint}: {source} (needs root, /dev/fuse and an existing directory)"
+    )]
+    Mount {
+        mountpoint: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("preparing {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Cache(#[from] CacheError),
+    #[error("layer {digest}: TOC frame {index} ends at {end}, past the blob size {size}; the TOC does not belong to this blob")]
+    TocMismatch {
+        digest: Digest,
+        index: usize,
+        end: u64,
+        size: u64,
+    },
+    #[error("layer {0} is not mounted")]
+    NotFound(Digest),
+    #[error("the layer store is shut down")]
+    ShutDown,
+}
+
+/// State of one mounted layer.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct LayerStatus {
+    pub digest: Digest,
+    pub path: PathBuf,
+    /// TOC entries.
+    pub entries: usize,
+    /// Uncompressed bytes of all frames.
+    pub bytes_total: u64,
+    /// Uncompressed bytes of the frames in L2.
+    pub bytes_cached: u64,
+    pub frames_total: usize,
+    pub frames_cached: usize,
+    pub fill: FillState,
+    pub fill_error: Option<String>,
+}
+
+/// The node's layers behind one FUSE session.
+pub struct LayerStore {
+    cfg: LayerStoreConfig,
+    st: Arc<FsState>,
+    session: Mutex<Option<BackgroundSession>>,
+    notifier: Option<Notifier>,
+    fills: Mutex<HashMap<Digest, JoinHandle<()>>>,
+}
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> LayerError + '_ {
+    move |source| LayerError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// Lazily detaches a dead FUSE mount left by a previous daemon (ENOTCONN on stat).
+fn clear_stale_mount(mountpoint: &Path) {
+    if let Err(e) = std::fs::metadata(mountpoint) {
+        if e.raw_os_error() == Some(libc::ENOTCONN) {
+            tracing::warn!(mountpoint = %mountpoint.display(), "detaching a stale FUSE mount");
+            let _ = nix::mount::umount2(mountpoint, nix::mount::MntFlags::MNT_DETACH);
+        }
+    }
+}
+
+impl LayerStore {
+    /// Mounts the FUSE session at `cfg.mountpoint` and opens the caches.
+    pub fn start(
+        cfg: LayerStoreConfig,
+        rt: tokio::runtime::Handle,
+        metrics: Arc<Metrics>,
+    ) -> Result<Arc<LayerStore>, LayerError> {
+        clear_stale_mount(&cfg.mountpoint);
+        std::fs::create_dir_all(&cfg.mountpoint).map_err(io_err(&cfg.mountpoint))?;
+        let files = cfg.cache_dir.join("files");
+        std::fs::create_dir_all(&files).map_err(io_err(&files))?;
+        let l2 = DiskCache::open(
+            &cfg.cache_dir.join("frames"),
+            cfg.disk_cache_bytes,
+            metrics.clone(),
+        )?;
+        let limits = PlanLimits {
+            max_gap: cfg.fill.max_gap_bytes,
+            max_request: cfg.fill.max_request_bytes,
+        };
+        let store = Arc::new(FrameStore::new(
+            MemoryCache::new(cfg.memory_cache_bytes),
+            l2,
+            metrics.clone(),
+            limits,
+        ));
+        let st = Arc::new(FsState {
+            layers: RwLock::new(Layers::default()),
+            store,
+            metrics,
+            rt,
+            fill: cfg.fill.clone(),
+            passthrough: Passthrough::new(cfg.passthrough, files),
+            ttl: Duration::from_secs(24 * 3600),
+            root_ttl: Duration::from_secs(1),
+            mounted_at: SystemTime::now(),
+        });
+        let mut fc = Config::default();
+        fc.mount_options = vec![
+            MountOption::FSName("weenv".into()),
+            MountOption::Subtype("weenv".into()),
+            MountOption::RO,
+            MountOption::DefaultPermissions,
+            MountOption::Suid,
+            MountOption::Dev,
+            MountOption::NoAtime,
+        ];
+        fc.acl = SessionACL::All;
+        fc.n_threads = Some(cfg.fuse_threads.max(1));
+        fc.clone_fd = true;
+        let session = fuser::spawn_mount(WeenvFs { st: st.clone() }, &cfg.mountpoint, &fc)
+            .map_err(|source| LayerError::Mount {
+                mountpoint: cfg.mountpoint.clone(),
+                source,
+            })?;
+        let notifier = Some(session.notifier());
+        tracing::info!(
+            mountpoint = %cfg.mountpoint.display(),
+            passthrough = st.passthrough.active(),
+            threads = cfg.fuse_threads,
+            "weenv FUSE session mounted"
+        );
+        Ok(Arc::new(LayerStore {
+            cfg,
+            st,
+            session: Mutex::new(Some(session)),
+            notifier,
+            fills: Mutex::new(HashMap::new()),
+        }))
+    }
+
+    /// The directory of layer `digest` (whether or not it is mounted).
+    pub fn layer_path(&self, digest: &Digest) -> PathBuf {
+        self.cfg.mountpoint.join(digest.hex())
+    }
+
+    /// Exposes a layer (idempotent) and starts its background fill. The returned directory
+    /// is immediately usable as an overlayfs lowerdir; no file content is fetched.
+    pub fn add_layer(
+        &self,
+        digest: &Digest,
+        toc: Arc<Toc>,
+        source: Arc<dyn BlobSource>,
+    ) -> Result<PathBuf, LayerError> {
+        if self.session.lock().is_none() {
+            return Err(LayerError::ShutDown);
+        }
+        if self.has_layer(digest) {
+            return Ok(self.layer_path(digest));
+        }
+        let size = source.size();
+        for (index, f) in toc.frames.iter().enumerate() {
+            let end = f.offset.saturating_add(f.clen);
+            if end > size {
+                return Err(LayerError::TocMismatch {
+                    digest: digest.clone(),
+                    index,
+                    end,
+                    size,
+                });
+            }
+        }
+        let layer = {
+            let mut g = self.st.layers.write();
+            let slot = match g.slot_of.get(digest) {
+                Some(s) => *s,
+                None => {
+                    let s = g.by_slot.len() as u32;
+                    g.slot_of.insert(digest.clone(), s);
+                    g.by_slot.push(None);
+                    s
+                }
+            };
+            if let Some(Some(l)) = g.by_slot.get(slot as usize) {
+                l.clone() // raced with another add_layer
+            } else {
+                let l = Arc::new(Layer::new(digest.clone(), slot, toc, source));
+                g.by_slot[slot as usize] = Some(l.clone());
+                l
+            }
+        };
+        if self.cfg.fill.enabled {
+            let mut fills = self.fills.lock();
+            if !fills.contains_key(digest) {
+                let h = self.st.rt.spawn(run_fill(
+                    self.st.store.clone(),
+                    layer.toc.clone(),
+                    layer.source.clone(),
+                    self.cfg.fill.clone(),
+                    layer.fill.clone(),
+                ));
+                fills.insert(digest.clone(), h);
+            }
+        } else {
+            layer.fill.set_state(FillState::Disabled);
+        }
+        tracing::info!(layer = %digest, entries = layer.toc.entries.len(), frames = layer.toc.frames.len(), "layer added");
+        Ok(self.layer_path(digest))
+    }
+
+    /// True if `digest` is exposed.
+    pub fn has_layer(&self, digest: &Digest) -> bool {
+        let g = self.st.layers.read();
+        g.slot_of
+            .get(digest)
+            .is_some_and(|s| matches!(g.by_slot.get(*s as usize), Some(Some(_))))
+    }
+
+    /// Stops exposing a layer (its directory disappears; cached frames stay in L2 until
+    /// evicted). The caller must have unmounted every overlay that uses it.
+    pub fn remove_layer(&self, digest: &Digest) -> Result<(), LayerError> {
+        {
+            let mut g = self.st.layers.write();
+            let slot = *g
+                .slot_of
+                .get(digest)
+                .ok_or_else(|| LayerError::NotFound(digest.clone()))?;
+            match g.by_slot.get_mut(slot as usize) {
+                Some(s @ Some(_)) => *s = None,
+                _ => return Err(LayerError::NotFound(digest.clone())),
+            }
+        }
+        if let Some(h) = self.fills.lock().remove(digest) {
+            h.abort();
+        }
+        if let Some(n) = &self.notifier {
+            let _ = n.inval_entry(INodeNo(ROOT_INO), OsStr::new(digest.hex()));
+        }
+        self.st.passthrough.remove_layer(digest.hex());
+        tracing::info!(layer = %digest, "layer removed");
+        Ok(())
+    }
+
+    /// Mounted layers with cache and fill state.
+    pub fn status(&self) -> Vec<LayerStatus> {
+        let layers: Vec<Arc<Layer>> = self
+            .st
+            .layers
+            .read()
+            .by_slot
+            .iter()
+            .flatten()
+            .cloned()
+            .collect();
+        let l2 = self.st.store.l2();
+        layers
+            .iter()
+            .map(|l| {
+                let (mut frames_cached, mut bytes_cached) = (0, 0);
+                for f in &l.toc.frames {
+                    if l2.contains(&f.digest) {
+                        frames_cached += 1;
+                        bytes_cached += f.ulen;
+                    }
+                }
+                LayerStatus {
+                    digest: l.digest.clone(),
+                    path: self.layer_path(&l.digest),
+                    entries: l.toc.entries.len(),
+                    bytes_total: l.bytes_total(),
+                    bytes_cached,
+                    frames_total: l.toc.frames.len(),
+                    frames_cached,
+                    fill: l.fill.state(),
+                    fill_error: l.fill.last_error(),
+                }
+            })
+            .collect()
+    }
+
+    /// (used, capacity) bytes of L1 and L2.
+    pub fn cache_usage(&self) -> ((u64, u64), (u64, u64)) {
+        let s = &self.st.store;
+        (
+            (s.l1().used(), self.cfg.memory_cache_bytes),
+            (s.l2().used(), s.l2().capacity()),
+        )
+    }
+
+    /// True if the kernel accepted FUSE passthrough and it is configured on.
+    pub fn passthrough_active(&self) -> bool {
+        self.st.passthrough.active()
+    }
+
+    /// The mountpoint.
+    pub fn mountpoint(&self) -> &Path {
+        &self.cfg.mountpoint
+    }
+
+    /// Stops fills and unmounts the session (lazily if it is still in use).
+    pub fn shutdown(&self) {
+        for (_, h) in self.fills.lock().drain() {
+            h.abort();
+        }
+        let Some(session) = self.session.lock().take() else {
+            return;
+        };
+        if let Err(e) = session.umount_and_join() {
+            tracing::warn!(error = %e, mountpoint = %self.cfg.mountpoint.display(), "unmount failed; detaching lazily");
+            let _ = nix::mount::umount2(&self.cfg.mountpoint, nix::mount::MntFlags::MNT_DETACH);
+        }
+    }
+}
+
+impl Drop for LayerStore {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
