@@ -12,16 +12,33 @@
 //! - [`reader`]: [`RangeRead`] + footer/TOC location and verification, file reads.
 //! - [`frame`]: decompress and verify one frame.
 //! - [`fetch`]: pure planning of which blob ranges to fetch (coalescing).
+//! - [`tar`]: our streaming tar parser; [`paths`]: path normalisation and namespace rules;
+//!   `validate`: semantic TOC validation ([`Toc::validate`]).
+//!
+//! The byte layout, TOC schema and versioning are documented in `format/README.md`.
 
 pub mod digest;
 pub mod error;
+pub mod fetch;
+pub mod footer;
+pub mod frame;
+pub mod paths;
 pub mod range;
+pub mod reader;
+pub mod tar;
 pub mod toc;
+mod validate;
+pub mod writer;
 
 pub use digest::Digest;
 pub use error::FormatError;
+pub use fetch::{frames_for_range, plan_fetch, FetchRange};
+pub use footer::{Footer, FOOTER_SIZE};
+pub use frame::decode_frame;
 pub use range::RangeRead;
+pub use reader::{LayerReader, TocHint};
 pub use toc::{ChunkRef, Entry, EntryKind, Frame, FrameIdx, Toc};
+pub use writer::{descriptor_annotations, write_layer, LayerSummary, WriterOptions};
 
 /// Layer media type of a weenv layer (it is an ordinary zstd layer).
 pub const MEDIA_TYPE_LAYER_ZSTD: &str = "application/vnd.oci.image.layer.v1.tar+zstd";

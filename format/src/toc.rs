@@ -1,8 +1,21 @@
-//! TOC types. (Contract shared with snapshotter/ and converter/; implementation to follow.)
+//! TOC types (contract shared with snapshotter/ and converter/), their wire encoding and lookups.
+//!
+//! Wire encoding (version 1): the [`Toc`] serialised as JSON (serde, field names as below; empty
+//! and zero-valued optional fields omitted; xattr values base64) and compressed as one zstd
+//! frame. The decoder bounds the decompressed size ([`MAX_TOC_DECODED`]) and then runs
+//! [`Toc::validate`] (see `validate.rs`).
 
-use crate::Digest;
+use crate::{Digest, FormatError, FORMAT_VERSION};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
+use std::io::Read;
+
+/// Largest compressed TOC a reader accepts (bytes).
+pub const MAX_TOC_COMPRESSED: u64 = 256 << 20;
+/// Largest decompressed TOC a reader accepts (bytes).
+pub const MAX_TOC_DECODED: u64 = 1 << 30;
+/// zstd level used for the TOC itself.
+pub const TOC_ZSTD_LEVEL: i32 = 9;
 
 /// Index of a frame in [`Toc::frames`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -48,25 +61,51 @@ pub struct ChunkRef {
     pub len: u64,
 }
 
+fn is_zero_u32(v: &u32) -> bool {
+    *v == 0
+}
+fn is_zero_u64(v: &u64) -> bool {
+    *v == 0
+}
+
 /// One tar entry.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Entry {
-    /// Normalised relative path: no leading `/` or `./`, no `..`, no empty components.
+    /// Normalised relative path: no leading `/` or `./`, no `..`, no empty components, no
+    /// trailing `/`. The layer root directory (`./` in the tar) is `""`.
     pub path: String,
     pub kind: EntryKind,
     /// Permission bits including setuid/setgid/sticky (no file-type bits).
     pub mode: u32,
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
     pub uid: u32,
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
     pub gid: u32,
+    /// Modification time, seconds since the epoch.
     pub mtime: i64,
+    /// Sub-second part of the modification time (PAX `mtime`), 0..1e9.
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    pub mtime_nsec: u32,
+    /// Payload size (regular files only; 0 for every other kind, hardlinks included).
+    #[serde(default, skip_serializing_if = "is_zero_u64")]
     pub size: u64,
-    /// Symlink target, or (for hardlinks) the normalised path of the target entry.
+    /// Symlink target (verbatim), or for hardlinks the normalised path of the earlier regular
+    /// file entry (hardlink chains resolved to the file).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub link: Option<String>,
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
     pub devmajor: u32,
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
     pub devminor: u32,
-    /// Extended attributes (from PAX `SCHILY.xattr.*`), values as raw bytes.
+    /// Extended attributes (from PAX `SCHILY.xattr.*`), values as raw bytes (base64 on the wire).
+    #[serde(
+        default,
+        skip_serializing_if = "BTreeMap::is_empty",
+        with = "xattr_b64"
+    )]
     pub xattrs: BTreeMap<String, Vec<u8>>,
     /// Payload chunks in file order, covering `0..size` exactly (regular files only).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub chunks: Vec<ChunkRef>,
 }
 
@@ -77,4 +116,230 @@ pub struct Toc {
     pub frames: Vec<Frame>,
     /// Entries in tar order.
     pub entries: Vec<Entry>,
+}
+
+impl Entry {
+    /// The chunks of this entry that intersect `offset..offset+len`, each clipped to the range
+    /// (so `frame_offset`/`len` name exactly the bytes to copy). Empty past EOF.
+    pub fn chunks_in(&self, offset: u64, len: u64) -> impl Iterator<Item = ChunkRef> + '_ {
+        let end = offset.saturating_add(len).min(self.size);
+        let start_idx = self
+            .chunks
+            .partition_point(|c| c.file_offset.saturating_add(c.len) <= offset);
+        self.chunks[start_idx..]
+            .iter()
+            .take_while(move |c| c.file_offset < end)
+            .filter_map(move |c| {
+                let s = c.file_offset.max(offset);
+                let e = c.file_offset.saturating_add(c.len).min(end);
+                (s < e).then(|| ChunkRef {
+                    file_offset: s,
+                    frame: c.frame,
+                    frame_offset: c.frame_offset + (s - c.file_offset),
+                    len: e - s,
+                })
+            })
+    }
+}
+
+impl Toc {
+    /// An empty TOC of the current version.
+    pub fn new() -> Self {
+        Toc {
+            version: FORMAT_VERSION,
+            frames: Vec::new(),
+            entries: Vec::new(),
+        }
+    }
+
+    /// Find an entry by path (normalised here first: `./a/b/` finds `a/b`). Linear scan; build
+    /// an index (e.g. [`Toc::index`]) for repeated lookups.
+    pub fn lookup(&self, path: &str) -> Option<&Entry> {
+        let norm = crate::paths::normalise(path.as_bytes()).ok()?;
+        self.entries.iter().find(|e| e.path == norm)
+    }
+
+    /// path -> index into `entries`.
+    pub fn index(&self) -> std::collections::HashMap<&str, usize> {
+        self.entries
+            .iter()
+            .enumerate()
+            .map(|(i, e)| (e.path.as_str(), i))
+            .collect()
+    }
+
+    /// Chunks of `entry` covering `offset..offset+len` (clipped; see [`Entry::chunks_in`]).
+    pub fn chunks_for<'a>(
+        &self,
+        entry: &'a Entry,
+        offset: u64,
+        len: u64,
+    ) -> impl Iterator<Item = ChunkRef> + 'a {
+        entry.chunks_in(offset, len)
+    }
+
+    /// The frame at `idx`, if any.
+    pub fn frame(&self, idx: FrameIdx) -> Option<&Frame> {
+        self.frames.get(idx.0 as usize)
+    }
+
+    /// Total uncompressed size (the tar stream length).
+    pub fn uncompressed_size(&self) -> u64 {
+        self.frames.iter().map(|f| f.ulen).sum()
+    }
+
+    /// Wire encoding: zstd-compressed JSON (deterministic).
+    pub fn encode(&self) -> Result<Vec<u8>, FormatError> {
+        let json = serde_json::to_vec(self).map_err(|e| FormatError::TocDecode {
+            reason: format!("serialising TOC: {e}"),
+        })?;
+        zstd::bulk::compress(&json, TOC_ZSTD_LEVEL)
+            .map_err(|e| FormatError::io("compressing the TOC", e))
+    }
+
+    /// Decode the wire encoding, bounded by [`MAX_TOC_DECODED`]. Does NOT validate; readers
+    /// call [`Toc::validate`] next.
+    pub fn decode(bytes: &[u8]) -> Result<Toc, FormatError> {
+        let mut dec = zstd::stream::read::Decoder::new(bytes)
+            .map_err(|e| FormatError::io("initialising the TOC decoder", e))?
+            .single_frame();
+        let mut json = Vec::new();
+        (&mut dec)
+            .take(MAX_TOC_DECODED + 1)
+            .read_to_end(&mut json)
+            .map_err(|e| FormatError::TocDecode {
+                reason: format!("zstd: {e}"),
+            })?;
+        if json.len() as u64 > MAX_TOC_DECODED {
+            return Err(FormatError::AbsurdSize {
+                what: "decompressed TOC size",
+                value: json.len() as u64,
+                limit: MAX_TOC_DECODED,
+            });
+        }
+        let toc: Toc = serde_json::from_slice(&json).map_err(|e| FormatError::TocDecode {
+            reason: format!("JSON: {e}"),
+        })?;
+        if toc.version != FORMAT_VERSION {
+            return Err(FormatError::UnsupportedVersion {
+                version: toc.version,
+                supported: FORMAT_VERSION,
+            });
+        }
+        Ok(toc)
+    }
+}
+
+impl Default for Toc {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+mod xattr_b64 {
+    use base64::engine::general_purpose::STANDARD;
+    use base64::Engine;
+    use serde::de::Error;
+    use serde::{Deserialize, Deserializer, Serializer};
+    use std::collections::BTreeMap;
+
+    pub fn serialize<S: Serializer>(
+        map: &BTreeMap<String, Vec<u8>>,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        s.collect_map(map.iter().map(|(k, v)| (k, STANDARD.encode(v))))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<BTreeMap<String, Vec<u8>>, D::Error> {
+        let raw = BTreeMap::<String, String>::deserialize(d)?;
+        raw.into_iter()
+            .map(|(k, v)| {
+                STANDARD
+                    .decode(v.as_bytes())
+                    .map(|b| (k, b))
+                    .map_err(D::Error::custom)
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn file(size: u64, chunks: &[(u64, u32, u64, u64)]) -> Entry {
+        Entry {
+            path: "f".into(),
+            kind: EntryKind::File,
+            mode: 0o644,
+            uid: 0,
+            gid: 0,
+            mtime: 0,
+            mtime_nsec: 0,
+            size,
+            link: None,
+            devmajor: 0,
+            devminor: 0,
+            xattrs: BTreeMap::new(),
+            chunks: chunks
+                .iter()
+                .map(|&(fo, fr, fro, len)| ChunkRef {
+                    file_offset: fo,
+                    frame: FrameIdx(fr),
+                    frame_offset: fro,
+                    len,
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn chunks_in_clips() {
+        let e = file(250, &[(0, 0, 0, 100), (100, 1, 0, 100), (200, 2, 10, 50)]);
+        let got: Vec<_> = e.chunks_in(50, 100).collect();
+        assert_eq!(got.len(), 2);
+        assert_eq!(
+            (got[0].file_offset, got[0].frame_offset, got[0].len),
+            (50, 50, 50)
+        );
+        assert_eq!(
+            (got[1].file_offset, got[1].frame_offset, got[1].len),
+            (100, 0, 50)
+        );
+        let got: Vec<_> = e.chunks_in(210, 1000).collect();
+        assert_eq!(got.len(), 1);
+        assert_eq!(
+            (got[0].frame.0, got[0].frame_offset, got[0].len),
+            (2, 20, 40)
+        );
+        assert_eq!(e.chunks_in(250, 10).count(), 0);
+        assert_eq!(e.chunks_in(0, 0).count(), 0);
+        assert_eq!(e.chunks_in(u64::MAX, u64::MAX).count(), 0);
+    }
+
+    #[test]
+    fn encode_decode_round_trip() {
+        let mut e = file(3, &[(0, 0, 0, 3)]);
+        e.xattrs.insert("user.x".into(), vec![0, 255, 1]);
+        let toc = Toc {
+            version: FORMAT_VERSION,
+            frames: vec![Frame {
+                offset: 0,
+                clen: 10,
+                ulen: 3,
+                digest: Digest::sha256(b"abc"),
+            }],
+            entries: vec![e],
+        };
+        let bytes = toc.encode().unwrap();
+        assert_eq!(Toc::decode(&bytes).unwrap(), toc);
+        assert_eq!(toc.lookup("./f/").map(|e| e.size), Some(3));
+        assert!(matches!(
+            Toc::decode(b"garbage"),
+            Err(FormatError::TocDecode { .. })
+        ));
+    }
 }

@@ -1,0 +1,163 @@
+//! Pure fetch planning: which blob byte ranges to request for a set of frames.
+//!
+//! [`plan_fetch`] sorts and de-duplicates the wanted frames and coalesces neighbours into one
+//! range when the bytes between them are at most `max_gap` and the merged range stays within
+//! `max_request` (a single frame larger than `max_request` still gets its own range). Because
+//! frames tile the blob, a gap consists of whole frames; they are fetched anyway and listed in
+//! the range's `frames` too, so callers can verify and cache them (filter against the wanted set
+//! if they only want those).
+
+use crate::toc::{Entry, FrameIdx, Toc};
+
+/// One range request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FetchRange {
+    /// Blob offset.
+    pub offset: u64,
+    /// Length in bytes.
+    pub len: u64,
+    /// Every frame wholly inside the range, in blob order.
+    pub frames: Vec<FrameIdx>,
+}
+
+/// Coalesce `frames` (any order, duplicates allowed; indices not in the TOC are ignored) into
+/// range requests, in blob order.
+pub fn plan_fetch(
+    toc: &Toc,
+    frames: &[FrameIdx],
+    max_gap: u64,
+    max_request: u64,
+) -> Vec<FetchRange> {
+    let mut want: Vec<FrameIdx> = frames
+        .iter()
+        .copied()
+        .filter(|i| (i.0 as usize) < toc.frames.len())
+        .collect();
+    want.sort_unstable();
+    want.dedup();
+    let mut out: Vec<FetchRange> = Vec::new();
+    for idx in want {
+        let f = &toc.frames[idx.0 as usize];
+        let f_end = f.offset.saturating_add(f.clen);
+        if let Some(cur) = out.last_mut() {
+            let cur_end = cur.offset + cur.len;
+            let last = cur.frames.last().map_or(0, |l| l.0);
+            if f.offset >= cur_end
+                && f.offset - cur_end <= max_gap
+                && f_end - cur.offset <= max_request
+            {
+                cur.frames.extend((last + 1..=idx.0).map(FrameIdx));
+                cur.len = f_end - cur.offset;
+                continue;
+            }
+        }
+        out.push(FetchRange {
+            offset: f.offset,
+            len: f.clen,
+            frames: vec![idx],
+        });
+    }
+    out
+}
+
+/// The frames holding `offset..offset+len` of `entry`, in order, without duplicates.
+pub fn frames_for_range(entry: &Entry, offset: u64, len: u64) -> Vec<FrameIdx> {
+    let mut v: Vec<FrameIdx> = Vec::new();
+    for c in entry.chunks_in(offset, len) {
+        if v.last() != Some(&c.frame) {
+            v.push(c.frame);
+        }
+    }
+    v
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::toc::{ChunkRef, EntryKind, Frame};
+    use crate::Digest;
+
+    fn toc(clens: &[u64]) -> Toc {
+        let mut t = Toc::new();
+        let mut at = 0;
+        for c in clens {
+            t.frames.push(Frame {
+                offset: at,
+                clen: *c,
+                ulen: 100,
+                digest: Digest::sha256(b""),
+            });
+            at += c;
+        }
+        t
+    }
+
+    fn idx(v: &[u32]) -> Vec<FrameIdx> {
+        v.iter().copied().map(FrameIdx).collect()
+    }
+
+    #[test]
+    fn coalesces_adjacent_and_near() {
+        let t = toc(&[10, 10, 10, 10, 10, 10]);
+        // adjacent 0,1 merge; 3 is 10 bytes after 1 -> merged with gap 10 (frame 2 included)
+        let p = plan_fetch(&t, &idx(&[3, 1, 0, 1]), 10, 1000);
+        assert_eq!(p.len(), 1);
+        assert_eq!((p[0].offset, p[0].len), (0, 40));
+        assert_eq!(p[0].frames, idx(&[0, 1, 2, 3]));
+        // gap too large -> two ranges
+        let p = plan_fetch(&t, &idx(&[0, 3]), 5, 1000);
+        assert_eq!(p.len(), 2);
+        assert_eq!(
+            (p[1].offset, p[1].len, p[1].frames.clone()),
+            (30, 10, idx(&[3]))
+        );
+        // max_request splits
+        let p = plan_fetch(&t, &idx(&[0, 1, 2, 3]), 0, 20);
+        assert_eq!(p.len(), 2);
+        assert_eq!(p[0].frames, idx(&[0, 1]));
+        assert_eq!(p[1].frames, idx(&[2, 3]));
+        // out-of-range indices ignored; empty input -> empty plan
+        assert!(plan_fetch(&t, &idx(&[99]), 0, 10).is_empty());
+        assert!(plan_fetch(&t, &[], 0, 10).is_empty());
+    }
+
+    #[test]
+    fn oversized_frame_gets_own_range() {
+        let t = toc(&[10, 500, 10]);
+        let p = plan_fetch(&t, &idx(&[0, 1, 2]), 0, 100);
+        assert_eq!(p.len(), 3);
+        assert_eq!(p[1].len, 500);
+    }
+
+    #[test]
+    fn frames_for_file_range() {
+        let mut e = Entry {
+            path: "f".into(),
+            kind: EntryKind::File,
+            mode: 0o644,
+            uid: 0,
+            gid: 0,
+            mtime: 0,
+            mtime_nsec: 0,
+            size: 300,
+            link: None,
+            devmajor: 0,
+            devminor: 0,
+            xattrs: Default::default(),
+            chunks: vec![],
+        };
+        for i in 0..3u32 {
+            e.chunks.push(ChunkRef {
+                file_offset: u64::from(i) * 100,
+                frame: FrameIdx(i + 4),
+                frame_offset: 0,
+                len: 100,
+            });
+        }
+        assert_eq!(frames_for_range(&e, 0, 300), idx(&[4, 5, 6]));
+        assert_eq!(frames_for_range(&e, 150, 10), idx(&[5]));
+        assert_eq!(frames_for_range(&e, 99, 2), idx(&[4, 5]));
+        assert!(frames_for_range(&e, 300, 2).is_empty());
+    }
+}

@@ -1,0 +1,416 @@
+//! tar stream -> weenv layer blob, streaming and memory bounded (O(frame/chunk size) + TOC).
+//!
+//! Framing policy (pure, deterministic):
+//! - Non-payload bytes (headers, extension data, padding, end-of-archive, trailer) and payloads
+//!   of regular files of at most `small_file_threshold` bytes are packed, in tar order, into a
+//!   shared frame that is flushed when it reaches `frame_size`. A small file's payload never
+//!   straddles two frames (the frame is flushed first if it would not fit); header bytes may.
+//! - A file larger than `small_file_threshold` flushes the shared frame, and its payload is cut
+//!   into frames of `chunk_size` bytes (the last one shorter), one chunk per frame.
+//! - Every frame is an independent zstd frame (level `level`, content size recorded, no dict id,
+//!   no checksum: integrity is the sha256 in the TOC). Empty frames are never written.
+//!
+//! Then the TOC skippable frame and the footer (see `footer.rs`). Decompressing the blob with
+//! `zstd -d` yields the input tar byte for byte.
+
+use crate::footer::{skippable_header, Footer, FOOTER_SIZE, SKIPPABLE_HEADER, TOC_SKIPPABLE_MAGIC};
+use crate::frame::MAX_FRAME_ULEN;
+use crate::tar::{walk, TarSink};
+use crate::toc::{ChunkRef, Entry, EntryKind, Frame, FrameIdx, Toc, MAX_TOC_COMPRESSED};
+use crate::{
+    Digest, FormatError, ANNOTATION_FORMAT_VERSION, ANNOTATION_TOC_DIGEST, ANNOTATION_TOC_LENGTH,
+    ANNOTATION_TOC_OFFSET, FORMAT_VERSION,
+};
+use sha2::{Digest as _, Sha256};
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+
+/// Writer knobs. Defaults: 1 MiB shared frames, files up to 256 KiB packed, 1 MiB chunks,
+/// zstd level 3.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WriterOptions {
+    /// Target uncompressed size of shared (header + small file) frames. Default 1 MiB.
+    pub frame_size: u64,
+    /// Files up to this size are packed into shared frames; larger ones get their own chunk
+    /// frames. Must be <= `frame_size`. Default 256 KiB: a quarter frame, so packing rarely
+    /// leaves a frame mostly empty, while files that are typically read whole (sources,
+    /// modules, small libraries) share one fetch with their directory neighbours.
+    pub small_file_threshold: u64,
+    /// Chunk size for large files. Default 1 MiB.
+    pub chunk_size: u64,
+    /// zstd compression level (1..=22). Default 3.
+    pub level: i32,
+}
+
+impl Default for WriterOptions {
+    fn default() -> Self {
+        WriterOptions {
+            frame_size: 1 << 20,
+            small_file_threshold: 256 << 10,
+            chunk_size: 1 << 20,
+            level: 3,
+        }
+    }
+}
+
+/// Smallest frame/chunk size accepted.
+pub const MIN_FRAME_SIZE: u64 = 512;
+
+impl WriterOptions {
+    /// Check the options; the error names the field.
+    pub fn validate(&self) -> Result<(), FormatError> {
+        let range = |field: &'static str, v: u64| {
+            if !(MIN_FRAME_SIZE..=MAX_FRAME_ULEN).contains(&v) {
+                return Err(FormatError::InvalidOption {
+                    field,
+                    reason: format!("{v} is outside {MIN_FRAME_SIZE}..={MAX_FRAME_ULEN}"),
+                });
+            }
+            Ok(())
+        };
+        range("frame_size", self.frame_size)?;
+        range("chunk_size", self.chunk_size)?;
+        if self.small_file_threshold > self.frame_size {
+            return Err(FormatError::InvalidOption {
+                field: "small_file_threshold",
+                reason: format!(
+                    "{} is larger than frame_size {}",
+                    self.small_file_threshold, self.frame_size
+                ),
+            });
+        }
+        if !(1..=22).contains(&self.level) {
+            return Err(FormatError::InvalidOption {
+                field: "level",
+                reason: format!("zstd level {} is outside 1..=22", self.level),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// What [`write_layer`] produced.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LayerSummary {
+    /// sha256 of the whole output blob (the layer descriptor digest).
+    pub blob_digest: Digest,
+    /// Size of the output blob.
+    pub blob_size: u64,
+    /// sha256 of the input tar (unchanged diff_id).
+    pub diff_id: Digest,
+    /// sha256 of the compressed TOC bytes (payload of the TOC skippable frame).
+    pub toc_digest: Digest,
+    /// Blob offset of the TOC skippable frame.
+    pub toc_offset: u64,
+    /// TOC skippable frame + footer: `blob_size - toc_offset`, so one range read gets both.
+    pub toc_length: u64,
+    /// Entries in the TOC.
+    pub entry_count: u64,
+    /// zstd data frames (TOC and footer not counted).
+    pub frame_count: u64,
+    /// Length of the input tar.
+    pub uncompressed_size: u64,
+}
+
+/// Layer-descriptor annotations for a written layer.
+pub fn descriptor_annotations(s: &LayerSummary) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (ANNOTATION_TOC_DIGEST.to_string(), s.toc_digest.to_string()),
+        (ANNOTATION_TOC_OFFSET.to_string(), s.toc_offset.to_string()),
+        (ANNOTATION_TOC_LENGTH.to_string(), s.toc_length.to_string()),
+        (
+            ANNOTATION_FORMAT_VERSION.to_string(),
+            FORMAT_VERSION.to_string(),
+        ),
+    ])
+}
+
+/// Counts and hashes what is written.
+struct HashingWriter<W> {
+    inner: W,
+    written: u64,
+    hash: Sha256,
+}
+
+impl<W: Write> HashingWriter<W> {
+    fn put(&mut self, bytes: &[u8]) -> Result<(), FormatError> {
+        self.inner
+            .write_all(bytes)
+            .map_err(|e| FormatError::io("writing the layer blob", e))?;
+        self.written += bytes.len() as u64;
+        self.hash.update(bytes);
+        Ok(())
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Payload {
+    None,
+    /// Small file: payload goes into the shared frame.
+    Small,
+    /// Large file: entry index, bytes still expected, next file offset.
+    Large {
+        entry: usize,
+        left: u64,
+        next: u64,
+    },
+}
+
+struct Sink<'o, W: Write> {
+    opts: &'o WriterOptions,
+    out: HashingWriter<W>,
+    comp: zstd::bulk::Compressor<'static>,
+    shared: Vec<u8>,
+    chunk: Vec<u8>,
+    payload: Payload,
+    toc: Toc,
+    diff: Sha256,
+    input: u64,
+}
+
+impl<W: Write> Sink<'_, W> {
+    fn emit(&mut self, data: &[u8]) -> Result<FrameIdx, FormatError> {
+        let idx = FrameIdx(u32::try_from(self.toc.frames.len()).map_err(|_| {
+            FormatError::AbsurdSize {
+                what: "frame count",
+                value: self.toc.frames.len() as u64,
+                limit: u32::MAX.into(),
+            }
+        })?);
+        let c = self
+            .comp
+            .compress(data)
+            .map_err(|e| FormatError::io("compressing a frame", e))?;
+        let offset = self.out.written;
+        self.out.put(&c)?;
+        self.toc.frames.push(Frame {
+            offset,
+            clen: c.len() as u64,
+            ulen: data.len() as u64,
+            digest: Digest::sha256(data),
+        });
+        Ok(idx)
+    }
+
+    fn flush_shared(&mut self) -> Result<(), FormatError> {
+        if !self.shared.is_empty() {
+            let data = std::mem::take(&mut self.shared);
+            self.emit(&data)?;
+            self.shared = data;
+            self.shared.clear();
+        }
+        Ok(())
+    }
+
+    fn flush_chunk(&mut self, entry: usize, file_offset: u64) -> Result<(), FormatError> {
+        let data = std::mem::take(&mut self.chunk);
+        let frame = self.emit(&data)?;
+        self.toc.entries[entry].chunks.push(ChunkRef {
+            file_offset,
+            frame,
+            frame_offset: 0,
+            len: data.len() as u64,
+        });
+        self.chunk = data;
+        self.chunk.clear();
+        Ok(())
+    }
+}
+
+impl<W: Write> TarSink for Sink<'_, W> {
+    fn meta(&mut self, mut bytes: &[u8]) -> Result<(), FormatError> {
+        self.diff.update(bytes);
+        self.input += bytes.len() as u64;
+        while !bytes.is_empty() {
+            let room = (self.opts.frame_size as usize).saturating_sub(self.shared.len());
+            let take = room.min(bytes.len());
+            self.shared.extend_from_slice(&bytes[..take]);
+            bytes = &bytes[take..];
+            if self.shared.len() as u64 >= self.opts.frame_size {
+                self.flush_shared()?;
+            }
+        }
+        Ok(())
+    }
+
+    fn entry(&mut self, entry: Entry) -> Result<(), FormatError> {
+        let size = entry.size;
+        let idx = self.toc.entries.len();
+        self.toc.entries.push(entry);
+        self.payload = Payload::None;
+        if self.toc.entries[idx].kind != EntryKind::File || size == 0 {
+            return Ok(());
+        }
+        if size > self.opts.small_file_threshold {
+            self.flush_shared()?;
+            self.payload = Payload::Large {
+                entry: idx,
+                left: size,
+                next: 0,
+            };
+        } else {
+            if self.shared.len() as u64 + size > self.opts.frame_size {
+                self.flush_shared()?;
+            }
+            let frame = FrameIdx(u32::try_from(self.toc.frames.len()).unwrap_or(u32::MAX));
+            self.toc.entries[idx].chunks.push(ChunkRef {
+                file_offset: 0,
+                frame,
+                frame_offset: self.shared.len() as u64,
+                len: size,
+            });
+            self.payload = Payload::Small;
+        }
+        Ok(())
+    }
+
+    fn payload(&mut self, mut bytes: &[u8]) -> Result<(), FormatError> {
+        self.diff.update(bytes);
+        self.input += bytes.len() as u64;
+        match self.payload {
+            Payload::None => Err(FormatError::InvalidOption {
+                field: "payload",
+                reason: "payload without a regular-file entry (tar walker bug)".into(),
+            }),
+            Payload::Small => {
+                self.shared.extend_from_slice(bytes);
+                Ok(())
+            }
+            Payload::Large { entry, left, next } => {
+                let chunk_size = self.opts.chunk_size as usize;
+                let left = left.saturating_sub(bytes.len() as u64);
+                let mut file_offset = next;
+                while !bytes.is_empty() {
+                    let take = (chunk_size - self.chunk.len()).min(bytes.len());
+                    self.chunk.extend_from_slice(&bytes[..take]);
+                    bytes = &bytes[take..];
+                    if self.chunk.len() == chunk_size || (left == 0 && bytes.is_empty()) {
+                        let len = self.chunk.len() as u64;
+                        self.flush_chunk(entry, file_offset)?;
+                        file_offset += len;
+                    }
+                }
+                // `next` counts flushed bytes; bytes still buffered in `chunk` follow them.
+                self.payload = Payload::Large {
+                    entry,
+                    left,
+                    next: file_offset,
+                };
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Convert the tar stream `input` into a weenv layer written to `output`.
+pub fn write_layer<R: Read, W: Write>(
+    input: R,
+    output: W,
+    opts: &WriterOptions,
+) -> Result<LayerSummary, FormatError> {
+    opts.validate()?;
+    let mut comp = zstd::bulk::Compressor::new(opts.level)
+        .map_err(|e| FormatError::io("creating a zstd compressor", e))?;
+    for p in [
+        zstd::zstd_safe::CParameter::ContentSizeFlag(true),
+        zstd::zstd_safe::CParameter::ChecksumFlag(false),
+        zstd::zstd_safe::CParameter::DictIdFlag(false),
+    ] {
+        comp.set_parameter(p)
+            .map_err(|e| FormatError::io("configuring the zstd compressor", e))?;
+    }
+    let mut sink = Sink {
+        opts,
+        out: HashingWriter {
+            inner: output,
+            written: 0,
+            hash: Sha256::new(),
+        },
+        comp,
+        shared: Vec::with_capacity(opts.frame_size as usize),
+        chunk: Vec::new(),
+        payload: Payload::None,
+        toc: Toc::new(),
+        diff: Sha256::new(),
+        input: 0,
+    };
+    walk(input, &mut sink)?;
+    sink.flush_shared()?;
+
+    let toc_offset = sink.out.written;
+    sink.toc.validate(toc_offset)?;
+    let ztoc = sink.toc.encode()?;
+    if ztoc.len() as u64 > MAX_TOC_COMPRESSED {
+        return Err(FormatError::AbsurdSize {
+            what: "compressed TOC size",
+            value: ztoc.len() as u64,
+            limit: MAX_TOC_COMPRESSED,
+        });
+    }
+    let toc_digest = Digest::sha256(&ztoc);
+    sink.out
+        .put(&skippable_header(TOC_SKIPPABLE_MAGIC, ztoc.len() as u32))?;
+    sink.out.put(&ztoc)?;
+    let toc_len = (SKIPPABLE_HEADER + ztoc.len()) as u64;
+    let footer = Footer {
+        version: FORMAT_VERSION,
+        toc_offset,
+        toc_len,
+        toc_digest: toc_digest.clone(),
+    };
+    sink.out.put(&footer.encode())?;
+    sink.out
+        .inner
+        .flush()
+        .map_err(|e| FormatError::io("flushing the layer blob", e))?;
+    let blob_digest = Digest::from_sha256_bytes(&sink.out.hash.finalize().into());
+    Ok(LayerSummary {
+        blob_digest,
+        blob_size: sink.out.written,
+        diff_id: Digest::from_sha256_bytes(&sink.diff.finalize().into()),
+        toc_digest,
+        toc_offset,
+        toc_length: toc_len + FOOTER_SIZE as u64,
+        entry_count: sink.toc.entries.len() as u64,
+        frame_count: sink.toc.frames.len() as u64,
+        uncompressed_size: sink.input,
+    })
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_are_validated() {
+        assert!(WriterOptions::default().validate().is_ok());
+        let bad = WriterOptions {
+            small_file_threshold: 2 << 20,
+            ..Default::default()
+        };
+        assert!(matches!(
+            bad.validate(),
+            Err(FormatError::InvalidOption {
+                field: "small_file_threshold",
+                ..
+            })
+        ));
+        let bad = WriterOptions {
+            chunk_size: 1,
+            ..Default::default()
+        };
+        assert!(matches!(
+            bad.validate(),
+            Err(FormatError::InvalidOption {
+                field: "chunk_size",
+                ..
+            })
+        ));
+        let bad = WriterOptions {
+            level: 0,
+            ..Default::default()
+        };
+        assert!(bad.validate().is_err());
+    }
+}
