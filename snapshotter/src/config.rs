@@ -1,0 +1,480 @@
+//! Daemon configuration: a versioned, strict TOML file (`/etc/weenv/config.toml` by default).
+//!
+//! Every field has a documented default; unknown fields are rejected; [`Config::validate`]
+//! returns a [`ConfigError`] naming the offending field. Paths left empty derive from `root_dir`.
+
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+use thiserror::Error;
+
+/// Default location of the config file.
+pub const DEFAULT_CONFIG_PATH: &str = "/etc/weenv/config.toml";
+/// The only config version this build understands.
+pub const CONFIG_VERSION: u32 = 1;
+
+/// Errors loading or validating the config.
+#[derive(Debug, Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot parse config file {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("config field `{field}`: {message}")]
+    Invalid {
+        field: &'static str,
+        message: String,
+    },
+}
+
+fn invalid(field: &'static str, message: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        field,
+        message: message.into(),
+    }
+}
+
+/// Log output format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines (default).
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Top-level config.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Config schema version; must be 1.
+    pub version: u32,
+    /// State directory: metadata db, snapshot dirs, TOC cache. Default `/var/lib/weenv-snapshotter`.
+    #[serde(default = "default_root")]
+    pub root_dir: PathBuf,
+    /// Unix socket serving containerd's Snapshots API. Default `/run/weenv/snapshotter.sock`.
+    #[serde(default = "default_socket")]
+    pub socket: PathBuf,
+    /// Log format: `text` (default) or `json`.
+    #[serde(default)]
+    pub log_format: LogFormat,
+    /// Log filter (tracing `EnvFilter` syntax). Default `info`.
+    #[serde(default = "default_log_level")]
+    pub log_level: String,
+    #[serde(default)]
+    pub registry: RegistrySection,
+    #[serde(default)]
+    pub cache: CacheSection,
+    #[serde(default)]
+    pub fill: FillSection,
+    #[serde(default)]
+    pub fuse: FuseSection,
+    #[serde(default)]
+    pub observability: ObservabilitySection,
+}
+
+/// Registry access.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RegistrySection {
+    /// Directory of containerd-style `hosts.toml` files (`<dir>/<host>/hosts.toml`).
+    /// Default `/etc/containerd/certs.d`; a missing directory means "no mirrors".
+    #[serde(default = "default_hosts_dir")]
+    pub hosts_dir: PathBuf,
+    /// Docker `config.json` for credentials. Default: `$DOCKER_CONFIG` or `~/.docker`.
+    #[serde(default)]
+    pub docker_config: Option<PathBuf>,
+    /// Hosts (`host[:port]`) reached over plain HTTP. Default none.
+    #[serde(default)]
+    pub plain_http: Vec<String>,
+    /// Per-request timeout in seconds. Default 30.
+    #[serde(default = "default_timeout")]
+    pub timeout_secs: u64,
+}
+
+/// Chunk caches.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CacheSection {
+    /// L2 disk cache directory. Default `<root_dir>/cache`.
+    #[serde(default)]
+    pub dir: Option<PathBuf>,
+    /// L1 memory cache cap in bytes. Default 256 MiB.
+    #[serde(default = "default_memory_bytes")]
+    pub memory_bytes: u64,
+    /// L2 disk cache cap in bytes (LRU evicted). Default 10 GiB.
+    #[serde(default = "default_disk_bytes")]
+    pub disk_bytes: u64,
+}
+
+/// Background fill.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FillSection {
+    /// Fetch the rest of each mounted layer in the background. Default true.
+    #[serde(default = "default_true")]
+    pub enabled: bool,
+    /// Rate cap in bytes/second, 0 = unlimited. Default 0.
+    #[serde(default)]
+    pub rate_bytes_per_sec: u64,
+    /// Concurrent fill requests per daemon. Default 4.
+    #[serde(default = "default_fill_concurrency")]
+    pub concurrency: usize,
+}
+
+/// FUSE session.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FuseSection {
+    /// Mountpoint of the single FUSE session; each layer is `<mountpoint>/<digest hex>`.
+    /// Default `<root_dir>/mnt`.
+    #[serde(default)]
+    pub mountpoint: Option<PathBuf>,
+    /// FUSE request threads. Default 4.
+    #[serde(default = "default_fuse_threads")]
+    pub threads: usize,
+    /// Use FUSE passthrough for fully cached files when the kernel supports it. Default true.
+    #[serde(default = "default_true")]
+    pub passthrough: bool,
+}
+
+/// Metrics and status endpoint.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ObservabilitySection {
+    /// `host:port` (TCP) or `unix:/path` for `/metrics` and `/status`; empty disables.
+    /// Default `127.0.0.1:9123`.
+    #[serde(default = "default_listen")]
+    pub listen: String,
+}
+
+fn default_root() -> PathBuf {
+    PathBuf::from("/var/lib/weenv-snapshotter")
+}
+fn default_socket() -> PathBuf {
+    PathBuf::from("/run/weenv/snapshotter.sock")
+}
+fn default_log_level() -> String {
+    "info".into()
+}
+fn default_hosts_dir() -> PathBuf {
+    PathBuf::from("/etc/containerd/certs.d")
+}
+fn default_timeout() -> u64 {
+    30
+}
+fn default_memory_bytes() -> u64 {
+    256 << 20
+}
+fn default_disk_bytes() -> u64 {
+    10 << 30
+}
+fn default_true() -> bool {
+    true
+}
+fn default_fill_concurrency() -> usize {
+    4
+}
+fn default_fuse_threads() -> usize {
+    4
+}
+fn default_listen() -> String {
+    "127.0.0.1:9123".into()
+}
+
+impl Default for RegistrySection {
+    fn default() -> Self {
+        Self {
+            hosts_dir: default_hosts_dir(),
+            docker_config: None,
+            plain_http: Vec::new(),
+            timeout_secs: default_timeout(),
+        }
+    }
+}
+impl Default for CacheSection {
+    fn default() -> Self {
+        Self {
+            dir: None,
+            memory_bytes: default_memory_bytes(),
+            disk_bytes: default_disk_bytes(),
+        }
+    }
+}
+impl Default for FillSection {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            rate_bytes_per_sec: 0,
+            concurrency: default_fill_concurrency(),
+        }
+    }
+}
+impl Default for FuseSection {
+    fn default() -> Self {
+        Self {
+            mountpoint: None,
+            threads: default_fuse_threads(),
+            passthrough: true,
+        }
+    }
+}
+impl Default for ObservabilitySection {
+    fn default() -> Self {
+        Self {
+            listen: default_listen(),
+        }
+    }
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            version: CONFIG_VERSION,
+            root_dir: default_root(),
+            socket: default_socket(),
+            log_format: LogFormat::default(),
+            log_level: default_log_level(),
+            registry: RegistrySection::default(),
+            cache: CacheSection::default(),
+            fill: FillSection::default(),
+            fuse: FuseSection::default(),
+            observability: ObservabilitySection::default(),
+        }
+    }
+}
+
+/// Where the observability endpoint listens.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ListenAddr {
+    Tcp(std::net::SocketAddr),
+    Unix(PathBuf),
+}
+
+impl Config {
+    /// Parse and validate TOML text (`path` is only used in messages).
+    pub fn from_toml(text: &str, path: &Path) -> Result<Self, ConfigError> {
+        let cfg: Config = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Read, parse and validate a config file.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::from_toml(&text, path)
+    }
+
+    /// Check every field; the error names the first bad one.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.version != CONFIG_VERSION {
+            return Err(invalid(
+                "version",
+                format!(
+                    "unsupported version {}, expected {CONFIG_VERSION}",
+                    self.version
+                ),
+            ));
+        }
+        if !self.root_dir.is_absolute() {
+            return Err(invalid("root_dir", "must be an absolute path"));
+        }
+        if !self.socket.is_absolute() {
+            return Err(invalid("socket", "must be an absolute path"));
+        }
+        // sun_path is 108 bytes including the NUL.
+        if self.socket.as_os_str().len() > 107 {
+            return Err(invalid(
+                "socket",
+                "path longer than 107 bytes (unix socket limit)",
+            ));
+        }
+        if self.log_level.trim().is_empty() {
+            return Err(invalid("log_level", "must not be empty (e.g. \"info\")"));
+        }
+        if self.registry.timeout_secs == 0 {
+            return Err(invalid("registry.timeout_secs", "must be at least 1"));
+        }
+        for h in &self.registry.plain_http {
+            if h.is_empty() || h.contains('/') {
+                return Err(invalid(
+                    "registry.plain_http",
+                    format!("{h:?} is not a host[:port]"),
+                ));
+            }
+        }
+        if let Some(d) = &self.cache.dir {
+            if !d.is_absolute() {
+                return Err(invalid("cache.dir", "must be an absolute path"));
+            }
+        }
+        if self.cache.memory_bytes < (4 << 20) {
+            return Err(invalid("cache.memory_bytes", "must be at least 4 MiB"));
+        }
+        if self.cache.disk_bytes < (64 << 20) {
+            return Err(invalid("cache.disk_bytes", "must be at least 64 MiB"));
+        }
+        if self.fill.concurrency == 0 {
+            return Err(invalid("fill.concurrency", "must be at least 1"));
+        }
+        if let Some(m) = &self.fuse.mountpoint {
+            if !m.is_absolute() {
+                return Err(invalid("fuse.mountpoint", "must be an absolute path"));
+            }
+        }
+        if self.fuse.threads == 0 || self.fuse.threads > 64 {
+            return Err(invalid("fuse.threads", "must be between 1 and 64"));
+        }
+        self.listen_addr()?;
+        Ok(())
+    }
+
+    /// The parsed observability address (`None` when disabled).
+    pub fn listen_addr(&self) -> Result<Option<ListenAddr>, ConfigError> {
+        parse_listen(&self.observability.listen)
+    }
+
+    /// Metadata database path.
+    pub fn db_path(&self) -> PathBuf {
+        self.root_dir.join("metadata.redb")
+    }
+    /// Directory holding ordinary snapshot dirs (`<id>/fs`, `<id>/work`).
+    pub fn snapshots_dir(&self) -> PathBuf {
+        self.root_dir.join("snapshots")
+    }
+    /// Directory caching verified TOCs by layer digest.
+    pub fn toc_dir(&self) -> PathBuf {
+        self.root_dir.join("tocs")
+    }
+    /// Effective chunk cache directory.
+    pub fn cache_dir(&self) -> PathBuf {
+        self.cache
+            .dir
+            .clone()
+            .unwrap_or_else(|| self.root_dir.join("cache"))
+    }
+    /// Effective FUSE mountpoint.
+    pub fn mountpoint(&self) -> PathBuf {
+        self.fuse
+            .mountpoint
+            .clone()
+            .unwrap_or_else(|| self.root_dir.join("mnt"))
+    }
+}
+
+/// Parse an observability listen address: `""` (off), `unix:/abs/path`, or `ip:port`.
+pub fn parse_listen(s: &str) -> Result<Option<ListenAddr>, ConfigError> {
+    let s = s.trim();
+    if s.is_empty() {
+        return Ok(None);
+    }
+    if let Some(p) = s.strip_prefix("unix:") {
+        let p = PathBuf::from(p);
+        if !p.is_absolute() {
+            return Err(invalid(
+                "observability.listen",
+                "unix socket path must be absolute",
+            ));
+        }
+        return Ok(Some(ListenAddr::Unix(p)));
+    }
+    s.parse().map(|a| Some(ListenAddr::Tcp(a))).map_err(|_| {
+        invalid(
+            "observability.listen",
+            format!("{s:?} is not ip:port or unix:/path"),
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(s: &str) -> Result<Config, ConfigError> {
+        Config::from_toml(s, Path::new("test.toml"))
+    }
+
+    #[test]
+    fn minimal_gets_defaults() {
+        let c = parse("version = 1").unwrap();
+        assert_eq!(c, Config::default());
+        assert_eq!(
+            c.mountpoint(),
+            PathBuf::from("/var/lib/weenv-snapshotter/mnt")
+        );
+        assert_eq!(
+            c.listen_addr().unwrap(),
+            Some(ListenAddr::Tcp("127.0.0.1:9123".parse().unwrap()))
+        );
+    }
+
+    #[test]
+    fn example_file_parses() {
+        let text = include_str!("../../config/weenv-snapshotter.toml");
+        parse(text).unwrap();
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let field = |s: &str| match parse(s) {
+            Err(ConfigError::Invalid { field, .. }) => field,
+            other => panic!("expected Invalid, got {other:?}"),
+        };
+        assert_eq!(field("version = 2"), "version");
+        assert_eq!(field("version = 1\nroot_dir = \"rel\""), "root_dir");
+        assert_eq!(field("version = 1\n[fuse]\nthreads = 0"), "fuse.threads");
+        assert_eq!(
+            field("version = 1\n[fill]\nconcurrency = 0"),
+            "fill.concurrency"
+        );
+        assert_eq!(
+            field("version = 1\n[observability]\nlisten = \"x\""),
+            "observability.listen"
+        );
+        assert_eq!(
+            field("version = 1\n[cache]\nmemory_bytes = 1"),
+            "cache.memory_bytes"
+        );
+        assert_eq!(
+            field("version = 1\n[registry]\nplain_http = [\"a/b\"]"),
+            "registry.plain_http"
+        );
+    }
+
+    #[test]
+    fn unknown_fields_and_missing_version_rejected() {
+        assert!(matches!(
+            parse("version = 1\nbogus = 3"),
+            Err(ConfigError::Parse { .. })
+        ));
+        assert!(matches!(
+            parse("version = 1\n[cache]\nsize = 3"),
+            Err(ConfigError::Parse { .. })
+        ));
+        assert!(matches!(
+            parse("root_dir = \"/x\""),
+            Err(ConfigError::Parse { .. })
+        ));
+    }
+
+    #[test]
+    fn listen_forms() {
+        assert_eq!(parse_listen("").unwrap(), None);
+        assert_eq!(
+            parse_listen("unix:/run/w.sock").unwrap(),
+            Some(ListenAddr::Unix("/run/w.sock".into()))
+        );
+        assert!(parse_listen("unix:rel").is_err());
+    }
+}

@@ -1,0 +1,202 @@
+//! A tiny HTTP/1.1 endpoint (no framework) on TCP or a unix socket:
+//! `GET /metrics` (Prometheus text) and `GET /status` (JSON). One request per connection.
+
+use crate::config::ListenAddr;
+use std::sync::Arc;
+use thiserror::Error;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tracing::debug;
+
+/// Endpoint errors.
+#[derive(Debug, Error)]
+pub enum HttpError {
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// What the endpoint exposes.
+pub trait Observable: Send + Sync + 'static {
+    /// Prometheus text exposition.
+    fn metrics_text(&self) -> String;
+    /// Status as JSON.
+    fn status_json(&self) -> String;
+}
+
+/// A response: status line, content type, body.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Response {
+    pub code: u16,
+    pub content_type: &'static str,
+    pub body: String,
+}
+
+/// Route one request line (`GET /metrics HTTP/1.1`). Pure.
+pub fn route(request_line: &str, obs: &dyn Observable) -> Response {
+    let mut parts = request_line.split_whitespace();
+    let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+    let path = path.split('?').next().unwrap_or("");
+    match (method, path) {
+        ("GET", "/metrics") => Response {
+            code: 200,
+            content_type: "text/plain; version=0.0.4",
+            body: obs.metrics_text(),
+        },
+        ("GET", "/status") => Response {
+            code: 200,
+            content_type: "application/json",
+            body: obs.status_json(),
+        },
+        ("GET", _) => Response {
+            code: 404,
+            content_type: "text/plain",
+            body: "not found: try /metrics or /status\n".into(),
+        },
+        _ => Response {
+            code: 405,
+            content_type: "text/plain",
+            body: "only GET is supported\n".into(),
+        },
+    }
+}
+
+fn reason(code: u16) -> &'static str {
+    match code {
+        200 => "OK",
+        404 => "Not Found",
+        405 => "Method Not Allowed",
+        _ => "Error",
+    }
+}
+
+async fn handle<S: AsyncRead + AsyncWrite + Unpin>(mut s: S, obs: Arc<dyn Observable>) {
+    let mut buf = Vec::with_capacity(1024);
+    let mut chunk = [0u8; 1024];
+    // Read until the end of the request head (bounded: 16 KiB).
+    while !buf.windows(4).any(|w| w == b"\r\n\r\n") && buf.len() < 16 << 10 {
+        match s.read(&mut chunk).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
+    let head = String::from_utf8_lossy(&buf);
+    let line = head.lines().next().unwrap_or("");
+    debug!(line, "http request");
+    let r = route(line, obs.as_ref());
+    let out = format!(
+        "HTTP/1.1 {} {}\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{}",
+        r.code,
+        reason(r.code),
+        r.content_type,
+        r.body.len(),
+        r.body
+    );
+    let _ = s.write_all(out.as_bytes()).await;
+    let _ = s.shutdown().await;
+}
+
+/// Bind `addr` and serve forever (spawned by the daemon).
+pub async fn serve(addr: ListenAddr, obs: Arc<dyn Observable>) -> Result<(), HttpError> {
+    match addr {
+        ListenAddr::Tcp(a) => {
+            let l = tokio::net::TcpListener::bind(a)
+                .await
+                .map_err(|source| HttpError::Bind {
+                    addr: a.to_string(),
+                    source,
+                })?;
+            loop {
+                if let Ok((s, _)) = l.accept().await {
+                    tokio::spawn(handle(s, obs.clone()));
+                }
+            }
+        }
+        ListenAddr::Unix(p) => {
+            let _ = std::fs::remove_file(&p);
+            let l = tokio::net::UnixListener::bind(&p).map_err(|source| HttpError::Bind {
+                addr: p.display().to_string(),
+                source,
+            })?;
+            loop {
+                if let Ok((s, _)) = l.accept().await {
+                    tokio::spawn(handle(s, obs.clone()));
+                }
+            }
+        }
+    }
+}
+
+/// Minimal client: GET `path` from `addr`, return the body (used by `weenv status/metrics`).
+pub async fn get(addr: &ListenAddr, path: &str) -> std::io::Result<String> {
+    let req = format!("GET {path} HTTP/1.1\r\nHost: weenv\r\nConnection: close\r\n\r\n");
+    let mut out = Vec::new();
+    match addr {
+        ListenAddr::Tcp(a) => {
+            let mut s = tokio::net::TcpStream::connect(a).await?;
+            s.write_all(req.as_bytes()).await?;
+            s.read_to_end(&mut out).await?;
+        }
+        ListenAddr::Unix(p) => {
+            let mut s = tokio::net::UnixStream::connect(p).await?;
+            s.write_all(req.as_bytes()).await?;
+            s.read_to_end(&mut out).await?;
+        }
+    }
+    let text = String::from_utf8_lossy(&out).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    if !head.starts_with("HTTP/1.1 200") {
+        return Err(std::io::Error::other(format!(
+            "{path}: {}",
+            head.lines().next().unwrap_or("no response")
+        )));
+    }
+    Ok(body.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct O;
+    impl Observable for O {
+        fn metrics_text(&self) -> String {
+            "m 1\n".into()
+        }
+        fn status_json(&self) -> String {
+            "{}".into()
+        }
+    }
+
+    #[test]
+    fn routes() {
+        assert_eq!(route("GET /metrics HTTP/1.1", &O).body, "m 1\n");
+        assert_eq!(
+            route("GET /status?x=1 HTTP/1.1", &O).content_type,
+            "application/json"
+        );
+        assert_eq!(route("GET / HTTP/1.1", &O).code, 404);
+        assert_eq!(route("POST /metrics HTTP/1.1", &O).code, 405);
+        assert_eq!(route("", &O).code, 405);
+    }
+
+    #[tokio::test]
+    async fn serves_over_unix_socket() {
+        let d = tempfile::tempdir().unwrap();
+        let addr = ListenAddr::Unix(d.path().join("s.sock"));
+        let t = tokio::spawn(serve(addr.clone(), Arc::new(O)));
+        let mut body = Err(std::io::Error::other("not started"));
+        for _ in 0..100 {
+            body = get(&addr, "/metrics").await;
+            if body.is_ok() {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        assert_eq!(body.unwrap(), "m 1\n");
+        assert!(get(&addr, "/nope").await.is_err());
+        t.abort();
+    }
+}

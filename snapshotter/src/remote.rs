@@ -1,0 +1,157 @@
+//! Remote-snapshot labels and the [`LayerProvider`] seam between the snapshot service and the
+//! lazy layer machinery (TOC probe/fetch/cache + FUSE layer store, see `provider.rs`).
+//!
+//! containerd passes `containerd.io/snapshot.ref=<target chainID>` plus one of two label
+//! families naming the image and the layer:
+//! - CRI / Go client handler wrapper: `containerd.io/snapshot/cri.image-ref`,
+//!   `containerd.io/snapshot/cri.layer-digest`;
+//! - `ctr-remote image rpull` (stargz): `containerd.io/snapshot/remote/stargz.reference`,
+//!   `containerd.io/snapshot/remote/stargz.digest`.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use thiserror::Error;
+use weenv_format::Digest;
+
+/// Target chain id of a remote-snapshot Prepare.
+pub const LABEL_TARGET: &str = "containerd.io/snapshot.ref";
+/// CRI image reference label.
+pub const LABEL_CRI_IMAGE_REF: &str = "containerd.io/snapshot/cri.image-ref";
+/// CRI layer digest label.
+pub const LABEL_CRI_LAYER_DIGEST: &str = "containerd.io/snapshot/cri.layer-digest";
+/// stargz (`ctr-remote`) image reference label.
+pub const LABEL_STARGZ_REFERENCE: &str = "containerd.io/snapshot/remote/stargz.reference";
+/// stargz (`ctr-remote`) layer digest label.
+pub const LABEL_STARGZ_DIGEST: &str = "containerd.io/snapshot/remote/stargz.digest";
+/// Label we put on remote committed snapshots: the layer digest they expose.
+pub const LABEL_WEENV_LAYER: &str = "containerd.io/snapshot/weenv.layer";
+
+/// Errors of the remote path. None of them fails a Prepare: the service falls back to the
+/// ordinary path and logs the error.
+#[derive(Debug, Error)]
+pub enum RemoteError {
+    #[error("registry access for layer {digest} of {reference}: {message}")]
+    Registry {
+        reference: String,
+        digest: String,
+        message: String,
+    },
+    #[error("TOC of layer {digest}: {message}")]
+    Toc { digest: String, message: String },
+    #[error("mounting layer {digest}: {message}")]
+    Mount { digest: String, message: String },
+    #[error("no cached TOC for layer {digest}: pull the image again")]
+    NotCached { digest: String },
+    #[error("lazy layers are unavailable: {0}")]
+    Unsupported(String),
+}
+
+/// What a remote-snapshot Prepare asks for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RemoteLayerRequest {
+    /// The committed snapshot to create (chain id).
+    pub target: String,
+    /// Image reference, used to reach the registry.
+    pub reference: String,
+    /// Layer blob digest.
+    pub digest: Digest,
+}
+
+impl RemoteLayerRequest {
+    /// Extract a request from Prepare labels. `None` when the labels do not ask for a remote
+    /// snapshot (no target, or neither label family, or a malformed digest).
+    pub fn from_labels(labels: &HashMap<String, String>) -> Option<Self> {
+        let target = labels.get(LABEL_TARGET).filter(|t| !t.is_empty())?;
+        let (reference, digest) = match (
+            labels.get(LABEL_CRI_IMAGE_REF),
+            labels.get(LABEL_CRI_LAYER_DIGEST),
+        ) {
+            (Some(r), Some(d)) => (r, d),
+            _ => (
+                labels.get(LABEL_STARGZ_REFERENCE)?,
+                labels.get(LABEL_STARGZ_DIGEST)?,
+            ),
+        };
+        Some(Self {
+            target: target.clone(),
+            reference: reference.clone(),
+            digest: digest.parse().ok()?,
+        })
+    }
+}
+
+/// A mounted layer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MountedLayer {
+    /// Directory exposing the layer's tree (`<mountpoint>/<hex>`).
+    pub dir: PathBuf,
+    /// Uncompressed size of the layer's files (reported as usage).
+    pub size: i64,
+    /// Number of TOC entries (reported as inodes).
+    pub inodes: i64,
+}
+
+/// The lazy layer machinery as the snapshot service sees it.
+#[async_trait::async_trait]
+pub trait LayerProvider: Send + Sync + 'static {
+    /// Mount `req.digest` if it is a weenv layer (fetching and caching its TOC; no file
+    /// content). `Ok(None)` when the layer is not a weenv layer.
+    async fn mount(&self, req: &RemoteLayerRequest) -> Result<Option<MountedLayer>, RemoteError>;
+    /// Re-expose a layer from its cached TOC (on restart, before gRPC is served).
+    async fn remount(&self, digest: &Digest) -> Result<MountedLayer, RemoteError>;
+    /// Stop exposing a layer that no snapshot refers to any more.
+    fn release(&self, digest: &Digest) -> Result<(), RemoteError>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const D: &str = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+
+    fn labels(kv: &[(&str, &str)]) -> HashMap<String, String> {
+        kv.iter()
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn both_label_families() {
+        let cri = labels(&[
+            (LABEL_TARGET, "sha256:chain"),
+            (LABEL_CRI_IMAGE_REF, "r.io/a:1"),
+            (LABEL_CRI_LAYER_DIGEST, D),
+        ]);
+        let r = RemoteLayerRequest::from_labels(&cri).unwrap();
+        assert_eq!(
+            (r.target.as_str(), r.reference.as_str(), r.digest.as_str()),
+            ("sha256:chain", "r.io/a:1", D)
+        );
+        let sgz = labels(&[
+            (LABEL_TARGET, "sha256:chain"),
+            (LABEL_STARGZ_REFERENCE, "r.io/a:2"),
+            (LABEL_STARGZ_DIGEST, D),
+        ]);
+        assert_eq!(
+            RemoteLayerRequest::from_labels(&sgz).unwrap().reference,
+            "r.io/a:2"
+        );
+    }
+
+    #[test]
+    fn incomplete_labels_take_ordinary_path() {
+        assert!(RemoteLayerRequest::from_labels(&labels(&[])).is_none());
+        assert!(RemoteLayerRequest::from_labels(&labels(&[(LABEL_TARGET, "x")])).is_none());
+        assert!(RemoteLayerRequest::from_labels(&labels(&[
+            (LABEL_CRI_IMAGE_REF, "r"),
+            (LABEL_CRI_LAYER_DIGEST, D)
+        ]))
+        .is_none());
+        assert!(RemoteLayerRequest::from_labels(&labels(&[
+            (LABEL_TARGET, "x"),
+            (LABEL_CRI_IMAGE_REF, "r"),
+            (LABEL_CRI_LAYER_DIGEST, "sha256:bad")
+        ]))
+        .is_none());
+    }
+}

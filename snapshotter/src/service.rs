@@ -1,0 +1,406 @@
+//! The snapshot service: containerd snapshotter semantics over [`MetaStore`] plus snapshot
+//! directories, with the remote path delegated to a [`LayerProvider`].
+//!
+//! Ordinary snapshots live in `<snapshots_dir>/<id>/{fs,work}` exactly like containerd's
+//! overlayfs snapshotter; remote snapshots are committed records whose directory is a FUSE
+//! layer dir. The gRPC adapter (`grpc.rs`) only converts types and errors.
+
+use crate::mounts::{mounts_for, Access, MountSpec};
+use crate::remote::{
+    LayerProvider, RemoteError, RemoteLayerRequest, LABEL_TARGET, LABEL_WEENV_LAYER,
+};
+use crate::store::{
+    Filter, FilterError, Kind, MetaStore, NewSnapshot, RemoteLayerRef, SnapshotRecord, StoreError,
+};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+use thiserror::Error;
+use tracing::{info, warn};
+use weenv_format::Digest;
+
+/// Service errors, mapped to gRPC codes in `grpc.rs`.
+#[derive(Debug, Error)]
+pub enum SnapshotError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("invalid filter: {0}")]
+    Filter(#[from] FilterError),
+    #[error("{op} {path}: {source}")]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The remote path committed `target`: containerd must see AlreadyExists.
+    #[error("target snapshot {0:?} already exists (remote layer)")]
+    RemoteCommitted(String),
+    #[error("remount of {digest} failed: {source}")]
+    Remount {
+        digest: String,
+        #[source]
+        source: RemoteError,
+    },
+}
+
+fn io_err<'a>(
+    op: &'static str,
+    path: &'a Path,
+) -> impl FnOnce(std::io::Error) -> SnapshotError + 'a {
+    move |source| SnapshotError::Io {
+        op,
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// Snapshot info as returned by Stat/Update/Walk.
+pub type Info = SnapshotRecord;
+
+/// The containerd snapshotter.
+pub struct SnapshotService {
+    store: MetaStore,
+    snapshots_dir: PathBuf,
+    layers: Option<Arc<dyn LayerProvider>>,
+}
+
+fn now_nanos() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+}
+
+fn to_btree(labels: HashMap<String, String>) -> BTreeMap<String, String> {
+    labels.into_iter().collect()
+}
+
+impl SnapshotService {
+    /// A service over `store`, keeping ordinary snapshot dirs in `snapshots_dir`.
+    pub fn new(
+        store: MetaStore,
+        snapshots_dir: PathBuf,
+        layers: Option<Arc<dyn LayerProvider>>,
+    ) -> Result<Self, SnapshotError> {
+        std::fs::create_dir_all(&snapshots_dir).map_err(io_err("create", &snapshots_dir))?;
+        Ok(Self {
+            store,
+            snapshots_dir,
+            layers,
+        })
+    }
+
+    /// The metadata store (status, pull bookkeeping).
+    pub fn store(&self) -> &MetaStore {
+        &self.store
+    }
+
+    fn dir(&self, id: u64) -> PathBuf {
+        self.snapshots_dir.join(id.to_string())
+    }
+
+    fn layer_dir(&self, rec: &SnapshotRecord) -> PathBuf {
+        match &rec.remote {
+            Some(r) => r.dir.clone(),
+            None => self.dir(rec.id).join("fs"),
+        }
+    }
+
+    /// Remount every committed remote snapshot's layer. Call before serving gRPC.
+    /// Returns (remounted, failed) counts; failures are logged, not fatal.
+    pub async fn remount_all(&self) -> Result<(usize, usize), SnapshotError> {
+        let Some(layers) = &self.layers else {
+            return Ok((0, 0));
+        };
+        let mut done = HashSet::new();
+        let (mut ok, mut failed) = (0, 0);
+        for rec in self.store.list()? {
+            let Some(r) = &rec.remote else { continue };
+            if !done.insert(r.digest.clone()) {
+                continue;
+            }
+            let res = match r.digest.parse::<Digest>() {
+                Ok(d) => layers.remount(&d).await,
+                Err(e) => Err(RemoteError::Toc {
+                    digest: r.digest.clone(),
+                    message: e.to_string(),
+                }),
+            };
+            match res {
+                Ok(m) if m.dir == r.dir => ok += 1,
+                Ok(m) => {
+                    warn!(digest = %r.digest, old = %r.dir.display(), new = %m.dir.display(),
+                        "layer directory moved (mountpoint changed?); snapshots keep the old path");
+                    failed += 1;
+                }
+                Err(e) => {
+                    warn!(digest = %r.digest, error = %e, "cannot remount layer");
+                    failed += 1;
+                }
+            }
+        }
+        Ok((ok, failed))
+    }
+
+    pub fn stat(&self, key: &str) -> Result<Info, SnapshotError> {
+        Ok(self.store.get(key)?)
+    }
+
+    pub fn update(
+        &self,
+        key: &str,
+        labels: HashMap<String, String>,
+        fieldpaths: &[String],
+    ) -> Result<Info, SnapshotError> {
+        Ok(self
+            .store
+            .update_labels(key, &to_btree(labels), fieldpaths, now_nanos())?)
+    }
+
+    /// (size bytes, inodes).
+    pub fn usage(&self, key: &str) -> Result<(i64, i64), SnapshotError> {
+        let rec = self.store.get(key)?;
+        if rec.kind == Kind::Committed {
+            return Ok((rec.size, rec.inodes));
+        }
+        let fs = self.dir(rec.id).join("fs");
+        dir_usage(&fs).map_err(io_err("usage of", &fs))
+    }
+
+    pub fn mounts(&self, key: &str) -> Result<Vec<MountSpec>, SnapshotError> {
+        let rec = self.store.get(key)?;
+        self.mounts_of(&rec)
+    }
+
+    fn mounts_of(&self, rec: &SnapshotRecord) -> Result<Vec<MountSpec>, SnapshotError> {
+        let access = match rec.kind {
+            Kind::Active => Access::Active,
+            Kind::View => Access::View,
+            Kind::Committed => {
+                return Err(StoreError::FailedPrecondition(format!(
+                    "snapshot {:?} is committed: mounts exist only for active and view snapshots",
+                    rec.key
+                ))
+                .into())
+            }
+        };
+        let mut parents = Vec::new();
+        let mut p = rec.parent.clone();
+        while !p.is_empty() {
+            let prec = self.store.get(&p)?;
+            parents.push(self.layer_dir(&prec));
+            p = prec.parent;
+        }
+        let d = self.dir(rec.id);
+        Ok(mounts_for(access, &d.join("fs"), &d.join("work"), &parents))
+    }
+
+    /// Prepare an active snapshot; with remote labels and a weenv layer, commit a remote
+    /// snapshot instead and return [`SnapshotError::RemoteCommitted`].
+    pub async fn prepare(
+        &self,
+        key: &str,
+        parent: &str,
+        labels: HashMap<String, String>,
+    ) -> Result<Vec<MountSpec>, SnapshotError> {
+        if let (Some(layers), Some(req)) = (&self.layers, RemoteLayerRequest::from_labels(&labels))
+        {
+            match self
+                .try_remote(layers.as_ref(), &req, parent, &labels)
+                .await
+            {
+                Ok(true) => return Err(SnapshotError::RemoteCommitted(req.target)),
+                Ok(false) => {}
+                Err(e) => warn!(key, digest = %req.digest, error = %e,
+                    "remote path failed; falling back to the ordinary path"),
+            }
+        }
+        self.create_local(key, parent, labels, Kind::Active)
+    }
+
+    async fn try_remote(
+        &self,
+        layers: &dyn LayerProvider,
+        req: &RemoteLayerRequest,
+        parent: &str,
+        labels: &HashMap<String, String>,
+    ) -> Result<bool, SnapshotError> {
+        match self.store.get(&req.target) {
+            Ok(rec) if rec.kind == Kind::Committed => return Ok(true),
+            Ok(_) | Err(StoreError::NotFound(_)) => {}
+            Err(e) => return Err(e.into()),
+        }
+        let Some(m) = layers
+            .mount(req)
+            .await
+            .map_err(|source| SnapshotError::Remount {
+                digest: req.digest.to_string(),
+                source,
+            })?
+        else {
+            return Ok(false);
+        };
+        let mut l = to_btree(labels.clone());
+        l.insert(LABEL_TARGET.into(), req.target.clone());
+        l.insert(LABEL_WEENV_LAYER.into(), req.digest.to_string());
+        let res = self.store.create(NewSnapshot {
+            key: req.target.clone(),
+            parent: parent.to_string(),
+            kind: Kind::Committed,
+            labels: l,
+            remote: Some(RemoteLayerRef {
+                digest: req.digest.to_string(),
+                dir: m.dir.clone(),
+            }),
+            now_nanos: now_nanos(),
+        });
+        match res {
+            Ok(_) | Err(StoreError::AlreadyExists(_)) => {
+                info!(target = %req.target, digest = %req.digest, dir = %m.dir.display(),
+                    "remote snapshot committed");
+                Ok(true)
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    pub fn view(
+        &self,
+        key: &str,
+        parent: &str,
+        labels: HashMap<String, String>,
+    ) -> Result<Vec<MountSpec>, SnapshotError> {
+        self.create_local(key, parent, labels, Kind::View)
+    }
+
+    fn create_local(
+        &self,
+        key: &str,
+        parent: &str,
+        labels: HashMap<String, String>,
+        kind: Kind,
+    ) -> Result<Vec<MountSpec>, SnapshotError> {
+        let rec = self.store.create(NewSnapshot {
+            key: key.to_string(),
+            parent: parent.to_string(),
+            kind,
+            labels: to_btree(labels),
+            remote: None,
+            now_nanos: now_nanos(),
+        })?;
+        let d = self.dir(rec.id);
+        let made = (|| {
+            std::fs::create_dir_all(d.join("fs"))?;
+            if kind == Kind::Active {
+                std::fs::create_dir_all(d.join("work"))?;
+            }
+            Ok(())
+        })()
+        .map_err(io_err("create", &d));
+        if let Err(e) = made {
+            let _ = self.store.remove(key);
+            let _ = std::fs::remove_dir_all(&d);
+            return Err(e);
+        }
+        self.mounts_of(&rec)
+    }
+
+    pub fn commit(
+        &self,
+        name: &str,
+        key: &str,
+        labels: HashMap<String, String>,
+    ) -> Result<(), SnapshotError> {
+        let rec = self.store.get(key)?;
+        let fs = self.dir(rec.id).join("fs");
+        let usage = if rec.kind == Kind::Active {
+            dir_usage(&fs).map_err(io_err("usage of", &fs))?
+        } else {
+            (0, 0) // the store rejects it with FailedPrecondition
+        };
+        self.store
+            .commit(name, key, to_btree(labels), usage, now_nanos())?;
+        Ok(())
+    }
+
+    pub fn remove(&self, key: &str) -> Result<(), SnapshotError> {
+        let rec = self.store.remove(key)?;
+        if rec.remote.is_none() {
+            let d = self.dir(rec.id);
+            if let Err(e) = std::fs::remove_dir_all(&d) {
+                // Cleanup retries orphans later.
+                warn!(dir = %d.display(), error = %e, "cannot remove snapshot dir");
+            }
+        }
+        Ok(())
+    }
+
+    pub fn walk(&self, filters: &[String]) -> Result<Vec<Info>, SnapshotError> {
+        let f = Filter::parse(filters)?;
+        Ok(self
+            .store
+            .list()?
+            .into_iter()
+            .filter(|r| f.matches(r))
+            .collect())
+    }
+
+    /// Remove directories no snapshot refers to and release unreferenced remote layers.
+    pub fn cleanup(&self) -> Result<(), SnapshotError> {
+        let recs = self.store.list()?;
+        let ids: HashSet<String> = recs.iter().map(|r| r.id.to_string()).collect();
+        let rd =
+            std::fs::read_dir(&self.snapshots_dir).map_err(io_err("read", &self.snapshots_dir))?;
+        for e in rd.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if !ids.contains(&name) {
+                let p = e.path();
+                info!(dir = %p.display(), "cleanup: removing orphan snapshot dir");
+                std::fs::remove_dir_all(&p).map_err(io_err("remove", &p))?;
+            }
+        }
+        if let Some(layers) = &self.layers {
+            let used: HashSet<&str> = recs
+                .iter()
+                .filter_map(|r| r.remote.as_ref())
+                .map(|r| r.digest.as_str())
+                .collect();
+            for l in self.store.layers()? {
+                if used.contains(l.digest.as_str()) {
+                    continue;
+                }
+                if let Ok(d) = l.digest.parse::<Digest>() {
+                    if let Err(e) = layers.release(&d) {
+                        warn!(digest = %l.digest, error = %e, "cleanup: cannot release layer");
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Disk usage like containerd's `fs.DiskUsage`: allocated bytes and distinct inodes.
+pub fn dir_usage(root: &Path) -> std::io::Result<(i64, i64)> {
+    let mut seen = HashSet::new();
+    let mut size = 0i64;
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(p) = stack.pop() {
+        let md = std::fs::symlink_metadata(&p)?;
+        if seen.insert((md.dev(), md.ino())) {
+            size += (md.blocks() * 512) as i64;
+        }
+        if md.is_dir() {
+            for e in std::fs::read_dir(&p)? {
+                stack.push(e?.path());
+            }
+        }
+    }
+    Ok((size, seen.len() as i64))
+}
+
+#[cfg(test)]
+mod tests;

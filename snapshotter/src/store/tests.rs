@@ -1,0 +1,132 @@
+use super::*;
+
+fn store() -> (tempfile::TempDir, MetaStore) {
+    let d = tempfile::tempdir().unwrap();
+    let s = MetaStore::open(&d.path().join("m.redb")).unwrap();
+    (d, s)
+}
+
+fn new(key: &str, parent: &str, kind: Kind) -> NewSnapshot {
+    NewSnapshot {
+        key: key.into(),
+        parent: parent.into(),
+        kind,
+        labels: BTreeMap::new(),
+        remote: None,
+        now_nanos: 1,
+    }
+}
+
+#[test]
+fn create_commit_remove_lifecycle() {
+    let (_d, s) = store();
+    let a = s.create(new("a", "", Kind::Active)).unwrap();
+    assert!(matches!(
+        s.create(new("a", "", Kind::Active)),
+        Err(StoreError::AlreadyExists(_))
+    ));
+    // parent must be committed
+    assert!(matches!(
+        s.create(new("b", "a", Kind::Active)),
+        Err(StoreError::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        s.create(new("b", "nope", Kind::Active)),
+        Err(StoreError::NotFound(_))
+    ));
+    let c = s.commit("c", "a", BTreeMap::new(), (10, 2), 5).unwrap();
+    assert_eq!(c.id, a.id);
+    assert_eq!((c.size, c.inodes, c.kind), (10, 2, Kind::Committed));
+    assert!(matches!(s.get("a"), Err(StoreError::NotFound(_))));
+    // committing a committed snapshot is a precondition failure
+    assert!(matches!(
+        s.commit("d", "c", BTreeMap::new(), (0, 0), 5),
+        Err(StoreError::FailedPrecondition(_))
+    ));
+    let v = s.create(new("v", "c", Kind::View)).unwrap();
+    assert_ne!(v.id, c.id);
+    assert!(matches!(
+        s.remove("c"),
+        Err(StoreError::FailedPrecondition(_))
+    ));
+    s.remove("v").unwrap();
+    s.remove("c").unwrap();
+    assert!(matches!(s.remove("c"), Err(StoreError::NotFound(_))));
+    assert!(s.list().unwrap().is_empty());
+}
+
+#[test]
+fn commit_name_collision() {
+    let (_d, s) = store();
+    s.create(new("a", "", Kind::Active)).unwrap();
+    s.commit("c", "a", BTreeMap::new(), (0, 0), 1).unwrap();
+    s.create(new("a2", "", Kind::Active)).unwrap();
+    assert!(matches!(
+        s.commit("c", "a2", BTreeMap::new(), (0, 0), 1),
+        Err(StoreError::AlreadyExists(_))
+    ));
+    // the failed transaction left a2 active
+    assert_eq!(s.get("a2").unwrap().kind, Kind::Active);
+}
+
+#[test]
+fn persists_across_reopen_and_ids_are_unique() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("m.redb");
+    let id1 = {
+        let s = MetaStore::open(&p).unwrap();
+        s.put_ref("r:1", "sha256:x").unwrap();
+        s.create(new("a", "", Kind::Active)).unwrap().id
+    };
+    let s = MetaStore::open(&p).unwrap();
+    assert_eq!(s.get("a").unwrap().id, id1);
+    assert!(s.create(new("b", "", Kind::Active)).unwrap().id > id1);
+    assert_eq!(s.get_ref("r:1").unwrap().as_deref(), Some("sha256:x"));
+}
+
+#[test]
+fn label_updates() {
+    let old: BTreeMap<_, _> = [("a".to_string(), "1".to_string()), ("b".into(), "2".into())].into();
+    let newl: BTreeMap<_, _> =
+        [("a".to_string(), "9".to_string()), ("c".into(), "3".into())].into();
+    assert_eq!(apply_label_update(&old, &newl, &[]).unwrap(), newl);
+    let r = apply_label_update(&old, &newl, &["labels.a".into(), "labels.b".into()]).unwrap();
+    assert_eq!(r, [("a".to_string(), "9".to_string())].into());
+    assert!(apply_label_update(&old, &newl, &["parent".into()]).is_err());
+    let (_d, s) = store();
+    s.create(new("k", "", Kind::Active)).unwrap();
+    let r = s
+        .update_labels("k", &newl, &["labels.c".into()], 7)
+        .unwrap();
+    assert_eq!(r.labels.get("c").map(String::as_str), Some("3"));
+    assert_eq!(r.updated_nanos, 7);
+    assert!(matches!(
+        s.update_labels("zz", &newl, &[], 7),
+        Err(StoreError::NotFound(_))
+    ));
+}
+
+#[test]
+fn remote_committed_and_layers() {
+    let (_d, s) = store();
+    let mut n = new("sha256:chain", "", Kind::Committed);
+    assert!(s.create(n.clone()).is_err());
+    n.remote = Some(RemoteLayerRef {
+        digest: "sha256:l".into(),
+        dir: "/mnt/l".into(),
+    });
+    let r = s.create(n).unwrap();
+    assert_eq!(r.kind, Kind::Committed);
+    let l = LayerRecord {
+        digest: "sha256:l".into(),
+        reference: "r/x:1".into(),
+        size: 5,
+        kind: LayerKind::Weenv {
+            toc_path: "/t".into(),
+        },
+    };
+    s.put_layer(&l).unwrap();
+    assert_eq!(s.layer("sha256:l").unwrap(), Some(l.clone()));
+    assert_eq!(s.layers().unwrap(), vec![l]);
+    assert_eq!(s.layer("sha256:q").unwrap(), None);
+}
