@@ -1,0 +1,462 @@
+//! `Client`: the request engine shared by all operations. It picks endpoints (mirrors, then
+//! origin), attaches authorization, follows redirects itself (keeping `Range`, dropping
+//! `Authorization` when leaving the registry host), retries per [`crate::retry`] and counts
+//! every request in [`Stats`]. Operations live in `pull.rs`, `blob.rs` and `push.rs`.
+
+use crate::auth::{Authenticator, CredentialSource};
+use crate::config::{Capability, Endpoint, RegistryConfig};
+use crate::error::RegistryError;
+use crate::retry::{next_delay, parse_retry_after, random_jitter, Outcome};
+use crate::stats::{Kind, Stats, StatsSnapshot};
+use bytes::Bytes;
+use reqwest::header::{
+    HeaderMap, HeaderName, HeaderValue, AUTHORIZATION, LOCATION, RETRY_AFTER, WWW_AUTHENTICATE,
+};
+use reqwest::{Method, Response, StatusCode, Url};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Most redirects followed for one request.
+const MAX_REDIRECTS: usize = 10;
+/// Most bytes of an error body quoted in an error message.
+const ERROR_BODY_QUOTE: usize = 512;
+
+/// An OCI distribution client. Cheap to clone (shared state behind an `Arc`), `Send + Sync`.
+/// Counters of all clones are shared: see [`Client::stats`].
+#[derive(Clone, Debug)]
+pub struct Client {
+    pub(crate) inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Inner {
+    pub(crate) config: RegistryConfig,
+    http: reqwest::Client,
+    http_insecure: reqwest::Client,
+    pub(crate) auth: Authenticator,
+    pub(crate) stats: Stats,
+    pub(crate) warned_full_range: AtomicBool,
+}
+
+/// Where a request goes: a path under an endpoint's API root, or an absolute URL (an upload
+/// location returned by the registry).
+#[derive(Clone, Debug)]
+pub(crate) enum Target {
+    Path(String),
+    Url(Url),
+}
+
+/// One logical request (re-sendable: the body is `Bytes`).
+#[derive(Clone, Debug)]
+pub(crate) struct Req {
+    pub method: Method,
+    pub target: Target,
+    pub headers: Vec<(HeaderName, HeaderValue)>,
+    pub body: Option<Bytes>,
+    pub scopes: Vec<String>,
+    pub kind: Kind,
+    pub idempotent: bool,
+    pub follow_redirects: bool,
+}
+
+impl Req {
+    pub(crate) fn new(method: Method, target: Target, kind: Kind, scopes: Vec<String>) -> Self {
+        let idempotent = matches!(method, Method::GET | Method::HEAD);
+        Req {
+            follow_redirects: idempotent,
+            method,
+            target,
+            headers: Vec::new(),
+            body: None,
+            scopes,
+            kind,
+            idempotent,
+        }
+    }
+
+    pub(crate) fn header(mut self, name: HeaderName, value: &str) -> Result<Self, RegistryError> {
+        let v = HeaderValue::from_str(value).map_err(|e| RegistryError::Protocol {
+            url: format!("{:?}", self.target),
+            detail: format!("bad header value for {name}: {e}"),
+        })?;
+        self.headers.push((name, v));
+        Ok(self)
+    }
+}
+
+fn host_of(url: &Url) -> String {
+    match (url.host_str(), url.port()) {
+        (Some(h), Some(p)) => format!("{h}:{p}"),
+        (Some(h), None) => h.to_string(),
+        _ => String::new(),
+    }
+}
+
+fn is_retryable_transport(e: &reqwest::Error) -> bool {
+    e.is_connect() || e.is_timeout() || e.is_request() || e.is_body()
+}
+
+impl Client {
+    /// Build a client. Reads `hosts_dir` (if set) now; credentials are looked up lazily per host.
+    pub fn new(mut config: RegistryConfig) -> Result<Client, RegistryError> {
+        if let Some(dir) = config.hosts_dir.clone() {
+            config.merge_hosts_dir(&dir)?;
+        }
+        config.validate()?;
+        let source = if config.docker_credentials {
+            CredentialSource::DockerConfig(config.docker_config_dir.clone())
+        } else {
+            CredentialSource::None
+        };
+        Self::with_credentials(config, source)
+    }
+
+    /// Build a client with an explicit credential source (tests, embedding).
+    pub fn with_credentials(
+        config: RegistryConfig,
+        source: CredentialSource,
+    ) -> Result<Client, RegistryError> {
+        config.validate()?;
+        let build = |insecure: bool| {
+            reqwest::Client::builder()
+                .redirect(reqwest::redirect::Policy::none())
+                .connect_timeout(Duration::from_millis(config.connect_timeout_ms))
+                .read_timeout(Duration::from_millis(config.read_timeout_ms))
+                .user_agent(
+                    config
+                        .user_agent
+                        .clone()
+                        .unwrap_or_else(|| format!("weenv/{}", env!("CARGO_PKG_VERSION"))),
+                )
+                .danger_accept_invalid_certs(insecure)
+                .build()
+                .map_err(|e| RegistryError::BadConfig {
+                    field: "http client".into(),
+                    reason: e.to_string(),
+                })
+        };
+        Ok(Client {
+            inner: Arc::new(Inner {
+                http: build(false)?,
+                http_insecure: build(true)?,
+                auth: Authenticator::new(source),
+                stats: Stats::default(),
+                warned_full_range: AtomicBool::new(false),
+                config,
+            }),
+        })
+    }
+
+    /// The configuration in use (after merging `hosts_dir`).
+    pub fn config(&self) -> &RegistryConfig {
+        &self.inner.config
+    }
+
+    /// Snapshot of the request counters (shared by all clones of this client).
+    pub fn stats(&self) -> StatsSnapshot {
+        self.inner.stats.snapshot()
+    }
+
+    pub(crate) fn stats_ref(&self) -> &Stats {
+        &self.inner.stats
+    }
+
+    fn http(&self, ep: &Endpoint) -> &reqwest::Client {
+        if ep.skip_verify {
+            &self.inner.http_insecure
+        } else {
+            &self.inner.http
+        }
+    }
+
+    pub(crate) fn url_for(ep: &Endpoint, target: &Target) -> Result<Url, RegistryError> {
+        match target {
+            Target::Url(u) => Ok(u.clone()),
+            Target::Path(p) => {
+                let s = format!("{}{}", ep.api_root, p);
+                Url::parse(&s).map_err(|e| RegistryError::Protocol {
+                    url: s,
+                    detail: format!("cannot build URL: {e}"),
+                })
+            }
+        }
+    }
+
+    /// Send `req` to the endpoints for `cap` on `registry`: mirrors first (falling through on
+    /// 401/403/404, 5xx and errors), then the origin. Returns the response and the endpoint that gave it.
+    pub(crate) async fn execute(
+        &self,
+        registry: &str,
+        cap: Capability,
+        req: &Req,
+    ) -> Result<(Response, Endpoint), RegistryError> {
+        let endpoints = self.inner.config.endpoints(registry, cap)?;
+        let n = endpoints.len();
+        for (i, ep) in endpoints.into_iter().enumerate() {
+            let last = i + 1 == n;
+            match self.execute_on(&ep, req).await {
+                Ok(resp)
+                    if ep.is_mirror
+                        && !last
+                        && (matches!(resp.status().as_u16(), 401 | 403 | 404)
+                            || resp.status().is_server_error()) =>
+                {
+                    tracing::debug!(mirror = %ep.api_root, status = %resp.status(), "mirror miss, trying next endpoint");
+                    self.inner.stats.count_mirror_fallback();
+                }
+                Err(e) if ep.is_mirror && !last => {
+                    tracing::warn!(mirror = %ep.api_root, error = %e, "mirror failed, trying next endpoint");
+                    self.inner.stats.count_mirror_fallback();
+                }
+                r => return r.map(|resp| (resp, ep)),
+            }
+        }
+        Err(RegistryError::BadConfig {
+            field: format!("hosts.{registry:?}"),
+            reason: "no endpoint".into(),
+        })
+    }
+
+    /// Send `req` to one endpoint with auth, redirects and retries.
+    pub(crate) async fn execute_on(
+        &self,
+        ep: &Endpoint,
+        req: &Req,
+    ) -> Result<Response, RegistryError> {
+        let http = self.http(ep);
+        let url = Self::url_for(ep, &req.target)?;
+        let policy = &self.inner.config.retry;
+        let mut retry = 0u32;
+        let mut auth_refreshed = false;
+        loop {
+            let authz = self
+                .inner
+                .auth
+                .authorize(http, &ep.host, &req.scopes, &self.inner.stats)
+                .await?;
+            match self
+                .send_following(http, ep, url.clone(), req, authz.as_deref())
+                .await
+            {
+                Ok(resp) if resp.status() == StatusCode::UNAUTHORIZED && !auth_refreshed => {
+                    let www = resp
+                        .headers()
+                        .get(WWW_AUTHENTICATE)
+                        .and_then(|v| v.to_str().ok())
+                        .map(str::to_string);
+                    if self
+                        .inner
+                        .auth
+                        .on_unauthorized(&ep.host, www.as_deref(), &req.scopes)
+                        .await
+                    {
+                        drain(resp).await;
+                        auth_refreshed = true;
+                        self.inner.stats.count_auth_retry();
+                        continue;
+                    }
+                    return Ok(resp);
+                }
+                Ok(resp) => {
+                    let outcome = Outcome::Status {
+                        status: resp.status().as_u16(),
+                        retry_after: resp
+                            .headers()
+                            .get(RETRY_AFTER)
+                            .and_then(|v| v.to_str().ok())
+                            .and_then(parse_retry_after),
+                    };
+                    match next_delay(policy, retry, req.idempotent, outcome, random_jitter()) {
+                        Some(delay) => {
+                            tracing::debug!(url = %url, status = %resp.status(), ?delay, "retrying");
+                            drain(resp).await;
+                            retry += 1;
+                            self.inner.stats.count_retry();
+                            tokio::time::sleep(delay).await;
+                        }
+                        None => return Ok(resp),
+                    }
+                }
+                Err(RegistryError::Transport {
+                    method,
+                    url: u,
+                    source,
+                }) => {
+                    let d = if is_retryable_transport(&source) {
+                        next_delay(
+                            policy,
+                            retry,
+                            req.idempotent,
+                            Outcome::Transport,
+                            random_jitter(),
+                        )
+                    } else {
+                        None
+                    };
+                    match d {
+                        Some(delay) => {
+                            tracing::debug!(url = %u, error = %source, ?delay, "retrying after transport error");
+                            retry += 1;
+                            self.inner.stats.count_retry();
+                            tokio::time::sleep(delay).await;
+                        }
+                        None => {
+                            return Err(RegistryError::Transport {
+                                method,
+                                url: u,
+                                source,
+                            })
+                        }
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    async fn send_following(
+        &self,
+        http: &reqwest::Client,
+        ep: &Endpoint,
+        mut url: Url,
+        req: &Req,
+        authz: Option<&str>,
+    ) -> Result<Response, RegistryError> {
+        let mut hops = 0;
+        loop {
+            let mut rb = http.request(req.method.clone(), url.clone());
+            for (k, v) in &req.headers {
+                rb = rb.header(k.clone(), v.clone());
+            }
+            if let Some(a) = authz {
+                if host_of(&url) == ep.host {
+                    rb = rb.header(AUTHORIZATION, a);
+                }
+            }
+            let body_len = req.body.as_ref().map_or(0, |b| b.len() as u64);
+            if let Some(b) = &req.body {
+                rb = rb.body(b.clone());
+            }
+            self.inner.stats.count_request(req.kind, body_len);
+            let resp = rb.send().await.map_err(|source| RegistryError::Transport {
+                method: req.method.to_string(),
+                url: url.to_string(),
+                source,
+            })?;
+            if req.follow_redirects
+                && resp.status().is_redirection()
+                && resp.status() != StatusCode::NOT_MODIFIED
+            {
+                let loc = resp.headers().get(LOCATION).and_then(|v| v.to_str().ok());
+                if let Some(loc) = loc {
+                    if hops >= MAX_REDIRECTS {
+                        return Err(RegistryError::Protocol {
+                            url: url.to_string(),
+                            detail: format!("more than {MAX_REDIRECTS} redirects"),
+                        });
+                    }
+                    let next = url.join(loc).map_err(|e| RegistryError::Protocol {
+                        url: url.to_string(),
+                        detail: format!("bad redirect Location {loc:?}: {e}"),
+                    })?;
+                    tracing::debug!(from = %url, to = %next, "following redirect");
+                    drain(resp).await;
+                    self.inner.stats.count_redirect();
+                    url = next;
+                    hops += 1;
+                    continue;
+                }
+            }
+            return Ok(resp);
+        }
+    }
+
+    /// Read a whole body (at most `limit` bytes), counting received bytes.
+    pub(crate) async fn read_body(
+        &self,
+        mut resp: Response,
+        limit: u64,
+    ) -> Result<Bytes, RegistryError> {
+        let url = resp.url().to_string();
+        if let Some(len) = resp.content_length() {
+            if len > limit {
+                return Err(RegistryError::TooLarge {
+                    url,
+                    size: len,
+                    limit,
+                });
+            }
+        }
+        let mut buf = Vec::with_capacity(resp.content_length().unwrap_or(0) as usize);
+        while let Some(chunk) = resp
+            .chunk()
+            .await
+            .map_err(|source| RegistryError::Transport {
+                method: "GET (body)".into(),
+                url: url.clone(),
+                source,
+            })?
+        {
+            self.inner.stats.count_received(chunk.len() as u64);
+            if (buf.len() + chunk.len()) as u64 > limit {
+                return Err(RegistryError::TooLarge {
+                    url,
+                    size: (buf.len() + chunk.len()) as u64,
+                    limit,
+                });
+            }
+            buf.extend_from_slice(&chunk);
+        }
+        Ok(Bytes::from(buf))
+    }
+
+    /// Turn a non-success response into an error (404 -> `NotFound`, 401 -> `Unauthorized`).
+    pub(crate) async fn error_for(
+        &self,
+        resp: Response,
+        method: &str,
+        what: &str,
+        host: &str,
+    ) -> RegistryError {
+        let status = resp.status().as_u16();
+        let url = resp.url().to_string();
+        let body = match self.read_body(resp, 64 << 10).await {
+            Ok(b) => String::from_utf8_lossy(&b[..b.len().min(ERROR_BODY_QUOTE)])
+                .trim()
+                .to_string(),
+            Err(e) => format!("<body unreadable: {e}>"),
+        };
+        match status {
+            404 => RegistryError::NotFound {
+                reference: what.to_string(),
+                url,
+            },
+            401 => RegistryError::Unauthorized {
+                method: method.to_string(),
+                url,
+                host: host.to_string(),
+                detail: body,
+            },
+            _ => RegistryError::Status {
+                method: method.to_string(),
+                url,
+                status,
+                body,
+                hint: RegistryError::hint_for(status),
+            },
+        }
+    }
+}
+
+/// Read and discard a (small) body so the connection can be reused.
+async fn drain(resp: Response) {
+    if resp.content_length().is_some_and(|l| l <= 64 << 10) {
+        let _ = resp.bytes().await;
+    }
+}
+
+/// A header as a string, if present and ASCII.
+pub(crate) fn header_str<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    h.get(name).and_then(|v| v.to_str().ok())
+}

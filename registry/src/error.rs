@@ -1,0 +1,120 @@
+//! `RegistryError`: every way talking to a registry can fail, with the URL, reference or digest
+//! involved and a hint what to do about it.
+
+use thiserror::Error;
+
+/// Errors of the registry client.
+#[derive(Debug, Error)]
+pub enum RegistryError {
+    #[error("invalid image reference {input:?}: {reason} (expected [registry[:port]/]repo[:tag][@sha256:<hex>])")]
+    BadReference { input: String, reason: String },
+
+    #[error("invalid registry configuration: {field}: {reason}")]
+    BadConfig { field: String, reason: String },
+
+    #[error("cannot read registry configuration {path}: {source}")]
+    ConfigIo {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+
+    #[error("{method} {url}: {source} (hint: check that the registry is reachable; plain HTTP must be configured per host with plain_http = true)")]
+    Transport {
+        method: String,
+        url: String,
+        #[source]
+        source: reqwest::Error,
+    },
+
+    #[error("{method} {url}: HTTP {status}: {body} ({hint})")]
+    Status {
+        method: String,
+        url: String,
+        status: u16,
+        body: String,
+        hint: &'static str,
+    },
+
+    #[error("{method} {url}: unauthorized after fetching credentials: {detail} (hint: check the credentials for {host} in $DOCKER_CONFIG/config.json or ~/.docker/config.json)")]
+    Unauthorized {
+        method: String,
+        url: String,
+        host: String,
+        detail: String,
+    },
+
+    #[error("token request to {realm} failed: {detail} (hint: check the credentials for {host})")]
+    Token {
+        realm: String,
+        host: String,
+        detail: String,
+    },
+
+    #[error("credential lookup for {host} failed: {detail} (hint: fix config.json or the credential helper)")]
+    Credentials { host: String, detail: String },
+
+    #[error("{what} {url}: content digest mismatch: expected {expected}, got {actual} (the registry or a mirror served corrupt data; retry or report it)")]
+    DigestMismatch {
+        what: &'static str,
+        url: String,
+        expected: String,
+        actual: String,
+    },
+
+    #[error("{url}: {detail}")]
+    Protocol { url: String, detail: String },
+
+    #[error("{url}: content of {size} bytes exceeds the limit of {limit} bytes")]
+    TooLarge { url: String, size: u64, limit: u64 },
+
+    #[error("manifest {reference}: {detail}")]
+    BadManifest { reference: String, detail: String },
+
+    #[error("{reference}: not found (HTTP 404 at {url})")]
+    NotFound { reference: String, url: String },
+
+    #[error("range {offset}+{len} of blob {digest}: {detail}")]
+    BadRange {
+        digest: String,
+        offset: u64,
+        len: u64,
+        detail: String,
+    },
+
+    #[error("I/O error while {context}: {source}")]
+    Io {
+        context: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl RegistryError {
+    /// Hint for an unexpected HTTP status.
+    pub(crate) fn hint_for(status: u16) -> &'static str {
+        match status {
+            400 => "the registry rejected the request; check the reference and media type",
+            401 | 403 => "check credentials and repository permissions",
+            404 => "check that the repository, tag or digest exists",
+            405 => "the registry does not support this operation (e.g. push to a read-only mirror)",
+            413 => "the registry rejected the size; use chunked upload or raise its limit",
+            416 => "the requested range is outside the blob",
+            429 => "rate limited by the registry; retry later or configure a mirror",
+            500..=599 => "registry-side error; retried with backoff, retry later",
+            _ => "unexpected response from the registry",
+        }
+    }
+
+    /// HTTP status carried by the error, if any.
+    pub fn status(&self) -> Option<u16> {
+        match self {
+            RegistryError::Status { status, .. } => Some(*status),
+            RegistryError::NotFound { .. } => Some(404),
+            _ => None,
+        }
+    }
+}
+
+/// Result alias of this crate.
+pub type Result<T, E = RegistryError> = std::result::Result<T, E>;

@@ -1,0 +1,345 @@
+//! OCI / Docker v2 schema 2 manifests and indexes (our own serde types), media types and
+//! platform selection.
+//!
+//! Parsing is lenient about unknown fields (registries add their own) and strict about what
+//! we use: digests must be `sha256:<hex>`, sizes integers. Serialisation keeps field order and
+//! skips absent optionals, so manifests written by the converter are deterministic.
+
+use crate::error::RegistryError;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use weenv_format::Digest;
+
+pub const OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
+pub const OCI_INDEX: &str = "application/vnd.oci.image.index.v1+json";
+pub const DOCKER_MANIFEST: &str = "application/vnd.docker.distribution.manifest.v2+json";
+pub const DOCKER_MANIFEST_LIST: &str = "application/vnd.docker.distribution.manifest.list.v2+json";
+pub const OCI_CONFIG: &str = "application/vnd.oci.image.config.v1+json";
+pub const DOCKER_CONFIG: &str = "application/vnd.docker.container.image.v1+json";
+
+/// `Accept` header for manifest requests (all four manifest/index types).
+pub const MANIFEST_ACCEPT: &str = "application/vnd.oci.image.index.v1+json, application/vnd.oci.image.manifest.v1+json, application/vnd.docker.distribution.manifest.list.v2+json, application/vnd.docker.distribution.manifest.v2+json";
+
+/// Largest manifest we accept (containerd uses the same 4 MiB bound).
+pub const MAX_MANIFEST_SIZE: u64 = 4 << 20;
+
+/// A content descriptor.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Descriptor {
+    pub media_type: String,
+    pub digest: Digest,
+    pub size: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub urls: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub platform: Option<Platform>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub artifact_type: Option<String>,
+}
+
+impl Descriptor {
+    /// A descriptor without optional fields.
+    pub fn new(media_type: &str, digest: Digest, size: u64) -> Self {
+        Descriptor {
+            media_type: media_type.to_string(),
+            digest,
+            size,
+            urls: None,
+            annotations: BTreeMap::new(),
+            platform: None,
+            artifact_type: None,
+        }
+    }
+}
+
+/// A platform of an index entry.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Platform {
+    pub architecture: String,
+    pub os: String,
+    #[serde(
+        rename = "os.version",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub os_version: Option<String>,
+    #[serde(
+        rename = "os.features",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub os_features: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub variant: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub features: Option<Vec<String>>,
+}
+
+/// An image manifest (OCI or Docker v2 schema 2).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ImageManifest {
+    pub schema_version: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub media_type: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub artifact_type: Option<String>,
+    pub config: Descriptor,
+    pub layers: Vec<Descriptor>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subject: Option<Descriptor>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
+}
+
+/// An image index / manifest list.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ImageIndex {
+    pub schema_version: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub media_type: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub artifact_type: Option<String>,
+    pub manifests: Vec<Descriptor>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subject: Option<Descriptor>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
+}
+
+/// A parsed manifest document (parsed once per fetch; the size difference does not matter).
+#[allow(clippy::large_enum_variant)]
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Manifest {
+    Image(ImageManifest),
+    Index(ImageIndex),
+}
+
+/// True for the image-manifest media types (OCI and Docker).
+pub fn is_image_manifest(media_type: &str) -> bool {
+    media_type == OCI_MANIFEST || media_type == DOCKER_MANIFEST
+}
+
+/// True for the index media types (OCI and Docker manifest list).
+pub fn is_index(media_type: &str) -> bool {
+    media_type == OCI_INDEX || media_type == DOCKER_MANIFEST_LIST
+}
+
+impl Manifest {
+    /// Parse `bytes` served with `media_type` (from Content-Type; may be empty or generic, then
+    /// the document's `mediaType` field or its shape decides).
+    pub fn parse(media_type: &str, bytes: &[u8]) -> Result<Manifest, RegistryError> {
+        let bad = |detail: String| RegistryError::BadManifest {
+            reference: format!("<{media_type}>"),
+            detail,
+        };
+        let media_type = media_type.split(';').next().unwrap_or("").trim();
+        let v: serde_json::Value =
+            serde_json::from_slice(bytes).map_err(|e| bad(format!("not JSON: {e}")))?;
+        let field_mt = v.get("mediaType").and_then(|m| m.as_str()).unwrap_or("");
+        let mt = if is_image_manifest(media_type) || is_index(media_type) {
+            media_type
+        } else {
+            field_mt
+        };
+        if v.get("schemaVersion").and_then(|s| s.as_u64()) != Some(2) {
+            return Err(bad(
+                "schemaVersion is not 2 (schema 1 manifests are not supported)".into(),
+            ));
+        }
+        let index = if is_index(mt) {
+            true
+        } else if is_image_manifest(mt) {
+            false
+        } else if v.get("manifests").is_some() {
+            true
+        } else if v.get("layers").is_some() {
+            false
+        } else {
+            return Err(bad(format!("unknown manifest media type {mt:?}")));
+        };
+        if index {
+            serde_json::from_value(v)
+                .map(Manifest::Index)
+                .map_err(|e| bad(format!("bad index: {e}")))
+        } else {
+            serde_json::from_value(v)
+                .map(Manifest::Image)
+                .map_err(|e| bad(format!("bad image manifest: {e}")))
+        }
+    }
+}
+
+/// Normalise an architecture name the way Go/OCI spell it (`x86_64` -> `amd64`, ...).
+pub fn normalize_arch(arch: &str) -> &str {
+    match arch {
+        "x86_64" | "x86-64" => "amd64",
+        "aarch64" => "arm64",
+        "i386" | "i686" => "386",
+        "armhf" | "armel" => "arm",
+        other => other,
+    }
+}
+
+/// The platform this binary runs on (`linux`, normalised arch, no variant).
+pub fn host_platform() -> (&'static str, &'static str) {
+    (std::env::consts::OS, normalize_arch(std::env::consts::ARCH))
+}
+
+/// Pick the index entry for (os, arch, variant). Without a requested variant the first
+/// os/arch match wins; `arm64` treats a missing variant as `v8`. Entries without a platform
+/// (e.g. attestations) never match.
+pub fn select_platform<'a>(
+    index: &'a ImageIndex,
+    os: &str,
+    arch: &str,
+    variant: Option<&str>,
+) -> Option<&'a Descriptor> {
+    let arch = normalize_arch(arch);
+    let norm_variant = |v: Option<&str>| -> Option<String> {
+        match (arch, v) {
+            ("arm64", None) => Some("v8".to_string()),
+            (_, v) => v.map(str::to_string),
+        }
+    };
+    index.manifests.iter().find(|d| {
+        let Some(p) = &d.platform else { return false };
+        if p.os != os || normalize_arch(&p.architecture) != arch {
+            return false;
+        }
+        match variant {
+            None => true,
+            Some(v) => norm_variant(p.variant.as_deref()) == norm_variant(Some(v)),
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn d(n: u8) -> String {
+        Digest::sha256(&[n]).to_string()
+    }
+
+    fn index_json() -> String {
+        format!(
+            r#"{{"schemaVersion":2,"mediaType":"{DOCKER_MANIFEST_LIST}","manifests":[
+            {{"mediaType":"{DOCKER_MANIFEST}","digest":"{}","size":10,"platform":{{"architecture":"amd64","os":"linux"}}}},
+            {{"mediaType":"{DOCKER_MANIFEST}","digest":"{}","size":11,"platform":{{"architecture":"arm","os":"linux","variant":"v7"}}}},
+            {{"mediaType":"{DOCKER_MANIFEST}","digest":"{}","size":12,"platform":{{"architecture":"arm64","os":"linux","variant":"v8"}}}},
+            {{"mediaType":"{OCI_MANIFEST}","digest":"{}","size":13,"platform":{{"architecture":"unknown","os":"unknown"}},
+              "annotations":{{"vnd.docker.reference.type":"attestation-manifest"}}}}]}}"#,
+            d(1),
+            d(2),
+            d(3),
+            d(4)
+        )
+    }
+
+    #[test]
+    fn parses_index_and_selects_platform() {
+        let Manifest::Index(ix) = Manifest::parse("", index_json().as_bytes()).unwrap() else {
+            panic!("expected index")
+        };
+        assert_eq!(ix.manifests.len(), 4);
+        assert_eq!(
+            ix.manifests[3].annotations["vnd.docker.reference.type"],
+            "attestation-manifest"
+        );
+        assert_eq!(
+            select_platform(&ix, "linux", "x86_64", None).unwrap().size,
+            10
+        );
+        assert_eq!(
+            select_platform(&ix, "linux", "arm", Some("v7"))
+                .unwrap()
+                .size,
+            11
+        );
+        assert!(select_platform(&ix, "linux", "arm", Some("v6")).is_none());
+        assert_eq!(
+            select_platform(&ix, "linux", "aarch64", None).unwrap().size,
+            12
+        );
+        assert_eq!(
+            select_platform(&ix, "linux", "arm64", Some("v8"))
+                .unwrap()
+                .size,
+            12
+        );
+        assert!(select_platform(&ix, "windows", "amd64", None).is_none());
+    }
+
+    #[test]
+    fn parses_docker_and_oci_manifests() {
+        let m = format!(
+            r#"{{"schemaVersion":2,"mediaType":"{DOCKER_MANIFEST}",
+            "config":{{"mediaType":"{DOCKER_CONFIG}","digest":"{}","size":5}},
+            "layers":[{{"mediaType":"application/vnd.docker.image.rootfs.diff.tar.gzip","digest":"{}","size":7,"extra":1}}]}}"#,
+            d(1),
+            d(2)
+        );
+        let Manifest::Image(im) = Manifest::parse(DOCKER_MANIFEST, m.as_bytes()).unwrap() else {
+            panic!()
+        };
+        assert_eq!(im.layers[0].size, 7);
+        // OCI manifest without mediaType field, served as application/json: shape decides
+        let mut oci = ImageManifest {
+            schema_version: 2,
+            media_type: None,
+            artifact_type: None,
+            config: Descriptor::new(OCI_CONFIG, Digest::sha256(b"c"), 1),
+            layers: vec![Descriptor::new(
+                weenv_format::MEDIA_TYPE_LAYER_ZSTD,
+                Digest::sha256(b"l"),
+                2,
+            )],
+            subject: None,
+            annotations: BTreeMap::new(),
+        };
+        oci.layers[0]
+            .annotations
+            .insert(weenv_format::ANNOTATION_TOC_DIGEST.into(), d(9));
+        let bytes = serde_json::to_vec(&oci).unwrap();
+        let s = String::from_utf8(bytes.clone()).unwrap();
+        assert!(s.starts_with(r#"{"schemaVersion":2,"config":"#), "{s}");
+        assert!(
+            !s.contains("urls") && !s.contains("platform"),
+            "absent optionals skipped: {s}"
+        );
+        assert_eq!(
+            Manifest::parse("application/json", &bytes).unwrap(),
+            Manifest::Image(oci)
+        );
+    }
+
+    #[test]
+    fn rejects_bad_manifests() {
+        for (mt, body) in [
+            ("", "not json"),
+            ("", r#"{"schemaVersion":1,"fsLayers":[]}"#),
+            ("", r#"{"schemaVersion":2}"#),
+            (
+                OCI_MANIFEST,
+                r#"{"schemaVersion":2,"config":{},"layers":[]}"#,
+            ),
+            (
+                OCI_INDEX,
+                r#"{"schemaVersion":2,"manifests":[{"mediaType":"x","digest":"md5:1","size":1}]}"#,
+            ),
+        ] {
+            assert!(
+                matches!(
+                    Manifest::parse(mt, body.as_bytes()),
+                    Err(RegistryError::BadManifest { .. })
+                ),
+                "{body}"
+            );
+        }
+    }
+}
