@@ -1,1 +1,53 @@
-//! placeholder
+//! weenv-convert: turns OCI/Docker images into weenv images.
+//!
+//! Parts:
+//! - [`location`]: parse `reg/repo:tag`, `oci:DIR[:tag]`, `docker-archive:FILE`.
+//! - [`source`] / [`archive`]: read manifests, configs and layer blobs from a registry, an OCI
+//!   layout or a docker-archive tarball (in place, no extraction).
+//! - [`layer`]: media types, weenv detection, one layer -> weenv layer (streaming).
+//! - [`convert`]: the image pipeline (parallel layers, configs untouched, manifests rewritten,
+//!   indexes per platform, deterministic output).
+//! - [`sink`]: write to a registry (skip/mount/chunked upload) or an OCI layout.
+//! - [`verify`]: TOC, every frame digest and diff_id of every weenv layer.
+//! - [`inspect`]: layer sizes, entry counts, compression ratios.
+//! - [`summary`]: reports and their tables.
+//!
+//! Errors: [`ConvertError`] (error.rs), one enum for the crate's modules.
+
+pub mod archive;
+pub mod convert;
+pub mod error;
+pub mod inspect;
+pub mod layer;
+pub mod location;
+pub mod sink;
+pub mod source;
+pub mod summary;
+pub mod verify;
+
+pub use convert::{convert_image, ConvertOptions, NoProgress, PlatformSpec, Progress};
+pub use error::ConvertError;
+pub use inspect::{inspect_image, LayerInfo};
+pub use location::ImageLocation;
+pub use summary::{ImageReport, LayerAction, LayerReport, ManifestReport};
+pub use verify::{verify_image, LayerVerdict};
+
+use std::collections::BTreeMap;
+use weenv_registry::{HostConfig, RegistryConfig};
+
+/// A registry configuration with plain HTTP for `plain_http_hosts` (e.g. `127.0.0.1:5000`).
+pub fn registry_config(plain_http_hosts: &[String]) -> RegistryConfig {
+    let mut c = RegistryConfig::default();
+    let mut hosts = BTreeMap::new();
+    for h in plain_http_hosts {
+        hosts.insert(
+            h.clone(),
+            HostConfig {
+                plain_http: true,
+                ..HostConfig::default()
+            },
+        );
+    }
+    c.hosts = hosts;
+    c
+}

@@ -1,1 +1,207 @@
-fn main() {}
+//! `weenv-convert`: command-line front end of the weenv-converter library.
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use weenv_converter::summary::{human, image_table};
+use weenv_converter::{
+    convert_image, inspect::info_table, inspect_image, registry_config, verify::verdict_table,
+    verify_image, ConvertError, ConvertOptions, ImageLocation, LayerReport, PlatformSpec, Progress,
+};
+use weenv_format::writer::WriterOptions;
+use weenv_registry::Client;
+
+#[derive(Parser)]
+#[command(
+    name = "weenv-convert",
+    version,
+    about = "Convert OCI/Docker images into weenv images, verify and inspect them"
+)]
+struct Cli {
+    /// Talk plain HTTP to this registry host (host:port); repeatable.
+    #[arg(long = "plain-http", global = true, value_name = "HOST")]
+    plain_http: Vec<String>,
+    /// Only this platform of a multi-platform image (os/arch[/variant]).
+    #[arg(long, global = true)]
+    platform: Option<String>,
+    /// Print the report as JSON instead of a table.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Convert SRC into a weenv image at DST (reg/repo:tag, oci:DIR[:tag], docker-archive:FILE).
+    Image {
+        src: String,
+        dst: String,
+        /// Chunk size for large files, bytes.
+        #[arg(long, default_value_t = 1 << 20)]
+        chunk_size: u64,
+        /// Target size of shared frames (headers + small files), bytes.
+        #[arg(long, default_value_t = 1 << 20)]
+        frame_size: u64,
+        /// Files up to this size share frames, bytes.
+        #[arg(long, default_value_t = 256 << 10)]
+        small_file_threshold: u64,
+        /// zstd level (1..=22).
+        #[arg(long, default_value_t = 3)]
+        level: i32,
+        /// Layers converted at once (default: number of cores).
+        #[arg(long)]
+        jobs: Option<usize>,
+    },
+    /// Check every weenv layer: TOC, every frame digest, and the diff_id of the whole stream.
+    Verify { image: String },
+    /// Show layers, sizes, entry counts and compression ratios.
+    Inspect { image: String },
+}
+
+/// indicatif bars, one per running layer.
+struct Bars {
+    multi: MultiProgress,
+    bars: Mutex<HashMap<(String, usize), ProgressBar>>,
+}
+
+impl Progress for Bars {
+    fn layer_started(&self, platform: &str, index: usize, total: usize, size: u64) {
+        let pb = self.multi.add(ProgressBar::new_spinner());
+        pb.set_style(
+            ProgressStyle::with_template("{spinner} {msg} {elapsed}")
+                .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+        );
+        pb.set_message(format!(
+            "{platform} layer {}/{total} ({})",
+            index + 1,
+            human(size)
+        ));
+        pb.enable_steady_tick(std::time::Duration::from_millis(200));
+        if let Ok(mut b) = self.bars.lock() {
+            b.insert((platform.to_string(), index), pb);
+        }
+    }
+    fn layer_done(&self, platform: &str, r: &LayerReport) {
+        if let Some(pb) = self
+            .bars
+            .lock()
+            .ok()
+            .and_then(|mut b| b.remove(&(platform.to_string(), r.index)))
+        {
+            pb.finish_and_clear();
+        }
+        let _ = self.multi.println(format!(
+            "{platform} layer {} {}: {} -> {} in {:.2}s",
+            r.index,
+            &r.source_digest[..r.source_digest.len().min(19)],
+            human(r.source_size),
+            human(r.size),
+            r.seconds
+        ));
+    }
+}
+
+fn main() -> std::process::ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("weenv-convert: error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> Result<()> {
+    let cli = Cli::parse();
+    let platform: Option<PlatformSpec> = cli.platform.as_deref().map(str::parse).transpose()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the tokio runtime")?;
+    let client = Client::new(registry_config(&cli.plain_http))?;
+    rt.block_on(async {
+        match cli.cmd {
+            Cmd::Image {
+                src,
+                dst,
+                chunk_size,
+                frame_size,
+                small_file_threshold,
+                level,
+                jobs,
+            } => {
+                let mut opts = ConvertOptions {
+                    writer: WriterOptions {
+                        frame_size,
+                        small_file_threshold,
+                        chunk_size,
+                        level,
+                    },
+                    platform,
+                    ..ConvertOptions::default()
+                };
+                if let Some(j) = jobs {
+                    opts.jobs = j;
+                }
+                let bars = Arc::new(Bars {
+                    multi: MultiProgress::new(),
+                    bars: Mutex::new(HashMap::new()),
+                });
+                let report = convert_image(
+                    &client,
+                    &ImageLocation::parse(&src)?,
+                    &ImageLocation::parse(&dst)?,
+                    &opts,
+                    bars,
+                )
+                .await?;
+                if cli.json {
+                    println!("{}", serde_json::to_string_pretty(&report)?);
+                } else {
+                    print!("{}", image_table(&report));
+                }
+            }
+            Cmd::Verify { image } => {
+                let v = verify_image(&client, &ImageLocation::parse(&image)?, platform.as_ref())
+                    .await?;
+                if cli.json {
+                    println!("{}", serde_json::to_string_pretty(&v)?);
+                } else {
+                    print!("{}", verdict_table(&v));
+                }
+                let failed = v.iter().filter(|l| !l.problems.is_empty()).count();
+                if failed > 0 {
+                    return Err(ConvertError::VerifyFailed {
+                        failed,
+                        total: v.len(),
+                    }
+                    .into());
+                }
+                if !cli.json {
+                    println!("verified {} layers: all good", v.len());
+                }
+            }
+            Cmd::Inspect { image } => {
+                let info =
+                    inspect_image(&client, &ImageLocation::parse(&image)?, platform.as_ref())
+                        .await?;
+                if cli.json {
+                    println!("{}", serde_json::to_string_pretty(&info)?);
+                } else {
+                    print!("{}", info_table(&info));
+                }
+            }
+        }
+        Ok(())
+    })
+}

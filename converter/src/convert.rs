@@ -1,0 +1,463 @@
+//! The conversion pipeline: source image -> weenv image.
+//!
+//! For every image manifest (every platform of an index, or the one `--platform` names):
+//! the config blob is copied untouched (diff_ids and chain IDs stay what they were), every
+//! layer is fetched to a local file (registry) or read in place (layout, archive), converted
+//! on a blocking thread (at most `jobs` layers at a time, streaming), checked against its
+//! diff_id, and put into the destination; layers that are already weenv layers pass through
+//! unchanged. Then the manifest is rewritten (OCI media types, weenv layer descriptors with
+//! their annotations) and pushed, and finally the index or the manifest is tagged.
+//! The output is a pure function of the input image and the writer options (deterministic).
+
+use crate::layer::{classify, convert_blob, existing_weenv};
+use crate::location::ImageLocation;
+use crate::sink::Sink;
+use crate::source::{is_index_type, LocalBlob, Source};
+use crate::summary::{ImageReport, LayerAction, LayerReport, ManifestReport};
+use crate::ConvertError;
+use futures::stream::{self, StreamExt, TryStreamExt};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+use weenv_format::writer::{descriptor_annotations, WriterOptions};
+use weenv_format::{Digest, MEDIA_TYPE_LAYER_ZSTD};
+use weenv_registry::manifest::{OCI_CONFIG, OCI_INDEX, OCI_MANIFEST};
+use weenv_registry::{select_platform, Client, Descriptor, ImageIndex, ImageManifest, Manifest};
+
+/// `os/arch[/variant]`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PlatformSpec {
+    pub os: String,
+    pub arch: String,
+    pub variant: Option<String>,
+}
+
+impl std::str::FromStr for PlatformSpec {
+    type Err = ConvertError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let parts: Vec<&str> = s.split('/').collect();
+        let bad = || ConvertError::BadOption {
+            field: "--platform",
+            reason: format!("{s:?} is not os/arch[/variant], e.g. linux/amd64"),
+        };
+        match parts.as_slice() {
+            [os, arch] if !os.is_empty() && !arch.is_empty() => Ok(PlatformSpec {
+                os: os.to_string(),
+                arch: arch.to_string(),
+                variant: None,
+            }),
+            [os, arch, v] if !os.is_empty() && !arch.is_empty() && !v.is_empty() => {
+                Ok(PlatformSpec {
+                    os: os.to_string(),
+                    arch: arch.to_string(),
+                    variant: Some(v.to_string()),
+                })
+            }
+            _ => Err(bad()),
+        }
+    }
+}
+
+/// Options of [`convert_image`].
+#[derive(Clone, Debug)]
+pub struct ConvertOptions {
+    /// Format writer options (chunk size, zstd level, ...).
+    pub writer: WriterOptions,
+    /// Convert only this platform of an index (the output is then a plain manifest).
+    pub platform: Option<PlatformSpec>,
+    /// Layers converted at the same time (each uses one core). Default: available cores.
+    pub jobs: usize,
+    /// Chunk size of chunked blob uploads. Default 16 MiB.
+    pub upload_chunk: usize,
+}
+
+impl Default for ConvertOptions {
+    fn default() -> Self {
+        ConvertOptions {
+            writer: WriterOptions::default(),
+            platform: None,
+            jobs: std::thread::available_parallelism().map_or(2, |n| n.get()),
+            upload_chunk: 16 << 20,
+        }
+    }
+}
+
+/// Progress callbacks (the CLI draws bars; tests pass [`NoProgress`]).
+pub trait Progress: Send + Sync {
+    /// A layer starts (fetch + convert).
+    fn layer_started(&self, _platform: &str, _index: usize, _total: usize, _size: u64) {}
+    /// A layer is done.
+    fn layer_done(&self, _platform: &str, _report: &LayerReport) {}
+}
+
+/// Progress that reports nothing.
+pub struct NoProgress;
+impl Progress for NoProgress {}
+
+/// Platform label of an index entry.
+pub fn platform_label(d: &Descriptor) -> Option<String> {
+    d.platform.as_ref().map(|p| match &p.variant {
+        Some(v) => format!("{}/{}/{v}", p.os, p.architecture),
+        None => format!("{}/{}", p.os, p.architecture),
+    })
+}
+
+/// `rootfs.diff_ids` of an image config.
+pub fn diff_ids(config: &[u8], location: &str) -> Result<Vec<Digest>, ConvertError> {
+    #[derive(serde::Deserialize)]
+    struct RootFs {
+        #[serde(default)]
+        diff_ids: Vec<Digest>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Config {
+        rootfs: RootFs,
+    }
+    let c: Config = serde_json::from_slice(config).map_err(|e| ConvertError::BadImage {
+        location: location.to_string(),
+        reason: format!("image config has no valid rootfs.diff_ids: {e}"),
+    })?;
+    Ok(c.rootfs.diff_ids)
+}
+
+/// Convert the image at `src` and write it to `dst`.
+pub async fn convert_image(
+    client: &Client,
+    src: &ImageLocation,
+    dst: &ImageLocation,
+    opts: &ConvertOptions,
+    progress: Arc<dyn Progress>,
+) -> Result<ImageReport, ConvertError> {
+    opts.writer
+        .validate()
+        .map_err(|e| ConvertError::format("options", e))?;
+    if opts.jobs == 0 {
+        return Err(ConvertError::BadOption {
+            field: "--jobs",
+            reason: "must be at least 1".into(),
+        });
+    }
+    let started = Instant::now();
+    let source = {
+        let (client, src) = (client.clone(), src.clone());
+        tokio::task::spawn_blocking(move || Source::open(&src, &client))
+            .await
+            .map_err(|e| ConvertError::Task(e.to_string()))??
+    };
+    let sink = Sink::open(dst, client, source.registry_repo(), opts.upload_chunk)?;
+    let scratch = match sink.scratch_parent() {
+        Some(p) => tempfile::Builder::new()
+            .prefix(".weenv-convert")
+            .tempdir_in(p),
+        None => tempfile::Builder::new().prefix("weenv-convert").tempdir(),
+    }
+    .map_err(|e| ConvertError::io("creating a scratch directory", e))?;
+    let ctx = Ctx {
+        source: &source,
+        sink: &sink,
+        scratch: scratch.path(),
+        opts,
+        progress,
+    };
+    let root = source.root().await?;
+    let parsed = Manifest::parse(&root.media_type, &root.bytes)?;
+    let (digest, media_type, manifests) = match parsed {
+        Manifest::Image(m) => {
+            let (bytes, report) = ctx.convert_manifest(&m, &root.digest, None).await?;
+            let d = sink.put_top(bytes.into(), OCI_MANIFEST).await?;
+            (d, OCI_MANIFEST, vec![report])
+        }
+        Manifest::Index(ix) => {
+            if let Some(p) = &opts.platform {
+                let d = select_platform(&ix, &p.os, &p.arch, p.variant.as_deref())
+                    .ok_or_else(|| ConvertError::BadImage {
+                        location: source.describe(),
+                        reason: format!("index has no manifest for {}/{}", p.os, p.arch),
+                    })?
+                    .clone();
+                let (m, mdigest) = ctx.child(&d).await?;
+                let (bytes, report) = ctx
+                    .convert_manifest(&m, &mdigest, platform_label(&d))
+                    .await?;
+                let dg = sink.put_top(bytes.into(), OCI_MANIFEST).await?;
+                (dg, OCI_MANIFEST, vec![report])
+            } else {
+                let (bytes, reports) = ctx.convert_index(&ix).await?;
+                let d = sink.put_top(bytes.into(), OCI_INDEX).await?;
+                (d, OCI_INDEX, reports)
+            }
+        }
+    };
+    Ok(ImageReport {
+        source: source.describe(),
+        destination: sink.describe(),
+        digest: digest.to_string(),
+        media_type: media_type.to_string(),
+        manifests,
+        seconds: started.elapsed().as_secs_f64(),
+    })
+}
+
+struct Ctx<'a> {
+    source: &'a Source,
+    sink: &'a Sink,
+    scratch: &'a Path,
+    opts: &'a ConvertOptions,
+    progress: Arc<dyn Progress>,
+}
+
+impl Ctx<'_> {
+    async fn child(&self, d: &Descriptor) -> Result<(ImageManifest, Digest), ConvertError> {
+        let blob = self.source.manifest(d).await?;
+        match Manifest::parse(&blob.media_type, &blob.bytes)? {
+            Manifest::Image(m) => Ok((m, blob.digest)),
+            Manifest::Index(_) => Err(ConvertError::BadImage {
+                location: self.source.describe(),
+                reason: format!(
+                    "index entry {} is itself an index (nested indexes are not supported)",
+                    d.digest
+                ),
+            }),
+        }
+    }
+
+    async fn convert_index(
+        &self,
+        ix: &ImageIndex,
+    ) -> Result<(Vec<u8>, Vec<ManifestReport>), ConvertError> {
+        let mut out = ix.clone();
+        out.media_type = Some(OCI_INDEX.to_string());
+        out.manifests.clear();
+        let mut reports = Vec::new();
+        for d in &ix.manifests {
+            // Attestations and other artifacts carry no runnable platform; leave them out.
+            let runnable = d
+                .platform
+                .as_ref()
+                .is_some_and(|p| p.os != "unknown" && p.architecture != "unknown");
+            if is_index_type(&d.media_type) || !runnable {
+                continue;
+            }
+            let (m, mdigest) = self.child(d).await?;
+            let (bytes, report) = self
+                .convert_manifest(&m, &mdigest, platform_label(d))
+                .await?;
+            let size = bytes.len() as u64;
+            let digest = self
+                .sink
+                .put_child_manifest(bytes.into(), OCI_MANIFEST)
+                .await?;
+            let mut nd = Descriptor::new(OCI_MANIFEST, digest, size);
+            nd.platform = d.platform.clone();
+            nd.annotations = d.annotations.clone();
+            out.manifests.push(nd);
+            reports.push(report);
+        }
+        if out.manifests.is_empty() {
+            return Err(ConvertError::BadImage {
+                location: self.source.describe(),
+                reason: "index lists no image manifest with a platform".into(),
+            });
+        }
+        let bytes = serde_json::to_vec(&out).map_err(|e| ConvertError::Task(e.to_string()))?;
+        Ok((bytes, reports))
+    }
+
+    /// Convert one image manifest; returns the new manifest's bytes (not yet put).
+    async fn convert_manifest(
+        &self,
+        m: &ImageManifest,
+        source_digest: &Digest,
+        platform: Option<String>,
+    ) -> Result<(Vec<u8>, ManifestReport), ConvertError> {
+        let label = platform.clone().unwrap_or_default();
+        let config = self.source.blob_bytes(&m.config).await?;
+        let ids = diff_ids(&config, &self.source.describe())?;
+        if ids.len() != m.layers.len() {
+            return Err(ConvertError::BadImage {
+                location: self.source.describe(),
+                reason: format!(
+                    "manifest has {} layers but the config lists {} diff_ids",
+                    m.layers.len(),
+                    ids.len()
+                ),
+            });
+        }
+        for (i, l) in m.layers.iter().enumerate() {
+            if classify(&l.media_type).is_none()
+                && !l
+                    .annotations
+                    .contains_key(weenv_format::ANNOTATION_TOC_DIGEST)
+            {
+                return Err(ConvertError::UnsupportedMediaType {
+                    index: i,
+                    digest: l.digest.to_string(),
+                    media_type: l.media_type.clone(),
+                });
+            }
+        }
+        self.sink.put_bytes(&m.config.digest, config).await?;
+        let total = m.layers.len();
+        let results: Vec<(Descriptor, LayerReport)> = stream::iter(m.layers.iter().enumerate())
+            .map(|(i, l)| self.convert_layer(i, total, l, &ids[i], &label))
+            .buffered(self.opts.jobs)
+            .try_collect()
+            .await?;
+        let mut config_desc = m.config.clone();
+        config_desc.media_type = OCI_CONFIG.to_string();
+        let out = ImageManifest {
+            schema_version: 2,
+            media_type: Some(OCI_MANIFEST.to_string()),
+            artifact_type: m.artifact_type.clone(),
+            config: config_desc,
+            layers: results.iter().map(|(d, _)| d.clone()).collect(),
+            subject: m.subject.clone(),
+            annotations: m.annotations.clone(),
+        };
+        let bytes = serde_json::to_vec(&out).map_err(|e| ConvertError::Task(e.to_string()))?;
+        let report = ManifestReport {
+            platform,
+            source_digest: source_digest.to_string(),
+            digest: Digest::sha256(&bytes).to_string(),
+            layers: results.into_iter().map(|(_, r)| r).collect(),
+        };
+        Ok((bytes, report))
+    }
+
+    async fn convert_layer(
+        &self,
+        index: usize,
+        total: usize,
+        l: &Descriptor,
+        diff_id: &Digest,
+        label: &str,
+    ) -> Result<(Descriptor, LayerReport), ConvertError> {
+        self.progress.layer_started(label, index, total, l.size);
+        let started = Instant::now();
+        let blob = self.source.blob(l, self.scratch).await?;
+        let result = self
+            .convert_fetched(index, l, diff_id, &blob, started)
+            .await;
+        blob.discard();
+        if let Ok((_, r)) = &result {
+            self.progress.layer_done(label, r);
+        }
+        result
+    }
+
+    async fn convert_fetched(
+        &self,
+        index: usize,
+        l: &Descriptor,
+        diff_id: &Digest,
+        blob: &LocalBlob,
+        started: Instant,
+    ) -> Result<(Descriptor, LayerReport), ConvertError> {
+        let existing = {
+            let (a, b) = (l.annotations.clone(), blob.clone());
+            tokio::task::spawn_blocking(move || existing_weenv(&a, &b))
+                .await
+                .map_err(|e| ConvertError::Task(e.to_string()))??
+        };
+        if let Some(annotations) = existing {
+            self.sink.put_local(&l.digest, blob).await?;
+            let mut d = Descriptor::new(MEDIA_TYPE_LAYER_ZSTD, l.digest.clone(), l.size);
+            d.annotations = annotations;
+            let report = LayerReport {
+                index,
+                action: LayerAction::Passthrough,
+                source_digest: l.digest.to_string(),
+                source_media_type: l.media_type.clone(),
+                source_size: l.size,
+                tar_size: 0,
+                digest: l.digest.to_string(),
+                size: l.size,
+                entries: 0,
+                frames: 0,
+                seconds: started.elapsed().as_secs_f64(),
+            };
+            return Ok((d, report));
+        }
+        let out = self.scratch.join(format!("out-{index}-{}", l.digest.hex()));
+        let summary = {
+            let (b, o, w, dg) = (
+                blob.clone(),
+                out.clone(),
+                self.opts.writer.clone(),
+                l.digest.to_string(),
+            );
+            tokio::task::spawn_blocking(move || convert_blob(&b, &dg, &o, &w))
+                .await
+                .map_err(|e| ConvertError::Task(e.to_string()))?
+        };
+        let summary = match summary {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = std::fs::remove_file(&out);
+                return Err(e);
+            }
+        };
+        if summary.diff_id != *diff_id {
+            let _ = std::fs::remove_file(&out);
+            return Err(ConvertError::DiffIdMismatch {
+                index,
+                digest: l.digest.to_string(),
+                expected: diff_id.to_string(),
+                actual: summary.diff_id.to_string(),
+            });
+        }
+        let converted = LocalBlob {
+            path: out,
+            offset: 0,
+            len: summary.blob_size,
+            temporary: true,
+        };
+        let put = self.sink.put_local(&summary.blob_digest, &converted).await;
+        converted.discard();
+        put?;
+        let mut d = Descriptor::new(
+            MEDIA_TYPE_LAYER_ZSTD,
+            summary.blob_digest.clone(),
+            summary.blob_size,
+        );
+        d.annotations = descriptor_annotations(&summary);
+        let report = LayerReport {
+            index,
+            action: LayerAction::Converted,
+            source_digest: l.digest.to_string(),
+            source_media_type: l.media_type.clone(),
+            source_size: l.size,
+            tar_size: summary.uncompressed_size,
+            digest: summary.blob_digest.to_string(),
+            size: summary.blob_size,
+            entries: summary.entry_count,
+            frames: summary.frame_count,
+            seconds: started.elapsed().as_secs_f64(),
+        };
+        Ok((d, report))
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_platforms() {
+        let p: PlatformSpec = "linux/arm64/v8".parse().unwrap();
+        assert_eq!(p.variant.as_deref(), Some("v8"));
+        let p: PlatformSpec = "linux/amd64".parse().unwrap();
+        assert_eq!((p.os.as_str(), p.arch.as_str()), ("linux", "amd64"));
+        assert!("linux".parse::<PlatformSpec>().is_err());
+        assert!("linux//".parse::<PlatformSpec>().is_err());
+    }
+
+    #[test]
+    fn reads_diff_ids() {
+        let d = Digest::sha256(b"x");
+        let c = format!(r#"{{"rootfs":{{"type":"layers","diff_ids":["{d}"]}}}}"#);
+        assert_eq!(diff_ids(c.as_bytes(), "t").unwrap(), vec![d]);
+        assert!(diff_ids(b"{}", "t").is_err());
+    }
+}
