@@ -53,7 +53,7 @@ pub fn plan_fetch(
         }
         out.push(FetchRange {
             offset: f.offset,
-            len: f.clen,
+            len: f_end - f.offset,
             frames: vec![idx],
         });
     }

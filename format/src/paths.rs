@@ -51,6 +51,16 @@ pub fn normalise(raw: &[u8]) -> Result<String, FormatError> {
     Ok(out)
 }
 
+/// Normalise a path used for a lookup (not from a tar): like [`normalise`], but a leading `/`
+/// means the layer root, and `""`, `.` and `/` name the root itself (`""`).
+pub fn lookup_key(path: &str) -> Option<String> {
+    let p = path.trim_start_matches('/');
+    if p.is_empty() {
+        return Some(String::new());
+    }
+    normalise(p.as_bytes()).ok()
+}
+
 /// Check that `path` is already in normal form (as stored in a TOC).
 pub fn check_normal(path: &str) -> Result<(), FormatError> {
     if path.is_empty() {

@@ -139,7 +139,7 @@ fn locate<'t>(
             ),
         });
     }
-    if footer.toc_len + FOOTER_SIZE as u64 > MAX_TOC_RANGE {
+    if footer.toc_len.saturating_add(FOOTER_SIZE as u64) > MAX_TOC_RANGE {
         return Err(FormatError::AbsurdSize {
             what: "TOC length",
             value: footer.toc_len,
@@ -292,7 +292,7 @@ impl<R: RangeRead> LayerReader<R> {
 
     /// Entry by path (normalised first), via an index.
     pub fn entry(&self, path: &str) -> Option<&Entry> {
-        let norm = crate::paths::normalise(path.as_bytes()).ok()?;
+        let norm = crate::paths::lookup_key(path)?;
         self.index.get(&norm).map(|i| &self.toc.entries[*i])
     }
 
@@ -338,9 +338,15 @@ impl<R: RangeRead> LayerReader<R> {
                 cached = Some((c.frame, self.read_frame(c.frame)?));
             }
             if let Some((_, data)) = &cached {
-                let s = c.frame_offset as usize;
+                let range = usize::try_from(c.frame_offset).ok().and_then(|s| {
+                    usize::try_from(c.len)
+                        .ok()
+                        .and_then(|l| s.checked_add(l))
+                        .map(|e| s..e)
+                });
                 let slice =
-                    data.get(s..s + c.len as usize)
+                    range
+                        .and_then(|r| data.get(r))
                         .ok_or_else(|| FormatError::EntryLayout {
                             path: e.path.clone(),
                             reason: "chunk outside its frame".into(),

@@ -135,7 +135,7 @@ impl Entry {
                 (s < e).then(|| ChunkRef {
                     file_offset: s,
                     frame: c.frame,
-                    frame_offset: c.frame_offset + (s - c.file_offset),
+                    frame_offset: c.frame_offset.saturating_add(s - c.file_offset),
                     len: e - s,
                 })
             })
@@ -152,10 +152,11 @@ impl Toc {
         }
     }
 
-    /// Find an entry by path (normalised here first: `./a/b/` finds `a/b`). Linear scan; build
+    /// Find an entry by path (normalised first: `./a/b/` and `/a/b` find `a/b`; `""`, `.`, `/`
+    /// find the root entry if the tar has one). Linear scan; build
     /// an index (e.g. [`Toc::index`]) for repeated lookups.
     pub fn lookup(&self, path: &str) -> Option<&Entry> {
-        let norm = crate::paths::normalise(path.as_bytes()).ok()?;
+        let norm = crate::paths::lookup_key(path)?;
         self.entries.iter().find(|e| e.path == norm)
     }
 
