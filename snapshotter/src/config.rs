@@ -364,6 +364,27 @@ impl Config {
             .clone()
             .unwrap_or_else(|| self.root_dir.join("cache"))
     }
+    /// The registry client configuration (hosts dir if it exists, plain-http hosts,
+    /// docker credentials, timeouts).
+    pub fn registry_config(&self) -> weenv_registry::RegistryConfig {
+        let mut rc = weenv_registry::RegistryConfig {
+            hosts_dir: Some(self.registry.hosts_dir.clone()).filter(|d| d.is_dir()),
+            docker_config_dir: self.registry.docker_config.clone(),
+            read_timeout_ms: self.registry.timeout_secs.saturating_mul(1000),
+            ..Default::default()
+        };
+        for h in &self.registry.plain_http {
+            rc.hosts.insert(
+                h.clone(),
+                weenv_registry::HostConfig {
+                    plain_http: true,
+                    ..Default::default()
+                },
+            );
+        }
+        rc
+    }
+
     /// Effective FUSE mountpoint.
     pub fn mountpoint(&self) -> PathBuf {
         self.fuse

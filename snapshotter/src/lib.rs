@@ -1,1 +1,31 @@
-//! placeholder
+//! weenv-snapshotter: a containerd proxy snapshotter with lazy, FUSE-backed weenv layers.
+//!
+//! Parts (daemon side):
+//! - [`config`]: the versioned TOML config.
+//! - [`store`]: persistent metadata (redb): snapshots, layer records, resolved references.
+//! - [`service`]: containerd snapshotter semantics (domain types only).
+//! - [`mounts`]: overlayfs mount shapes (pure).
+//! - [`remote`]: remote-snapshot labels and the [`remote::LayerProvider`] seam.
+//! - [`grpc`]: the tonic adapter serving containerd's Snapshots API on a unix socket.
+//! - [`http`] + [`status`]: `/metrics` and `/status` endpoint.
+//! - [`daemon`]: wiring (store, FUSE layer store, remount, servers).
+//! - snapshotter-fs parts: [`layers`] (FUSE layer store), [`fs`], [`cache`], [`fetch`], [`metrics`].
+//!
+//! CLI side: [`pull`] (`weenv pull`), [`cli`] (status/metrics client).
+
+#![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
+
+pub mod config;
+pub mod daemon;
+pub mod grpc;
+pub mod http;
+pub mod mounts;
+pub mod remote;
+pub mod service;
+pub mod status;
+pub mod store;
+pub mod cache;
+pub mod fetch;
+pub mod fs;
+pub mod layers;
+pub mod metrics;

@@ -62,7 +62,7 @@ pub type Info = SnapshotRecord;
 
 /// The containerd snapshotter.
 pub struct SnapshotService {
-    store: MetaStore,
+    store: Arc<MetaStore>,
     snapshots_dir: PathBuf,
     layers: Option<Arc<dyn LayerProvider>>,
 }
@@ -81,7 +81,7 @@ fn to_btree(labels: HashMap<String, String>) -> BTreeMap<String, String> {
 impl SnapshotService {
     /// A service over `store`, keeping ordinary snapshot dirs in `snapshots_dir`.
     pub fn new(
-        store: MetaStore,
+        store: Arc<MetaStore>,
         snapshots_dir: PathBuf,
         layers: Option<Arc<dyn LayerProvider>>,
     ) -> Result<Self, SnapshotError> {
@@ -94,7 +94,7 @@ impl SnapshotService {
     }
 
     /// The metadata store (status, pull bookkeeping).
-    pub fn store(&self) -> &MetaStore {
+    pub fn store(&self) -> &Arc<MetaStore> {
         &self.store
     }
 

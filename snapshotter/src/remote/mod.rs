@@ -1,5 +1,10 @@
 //! Remote-snapshot labels and the [`LayerProvider`] seam between the snapshot service and the
-//! lazy layer machinery (TOC probe/fetch/cache + FUSE layer store, see `provider.rs`).
+//! lazy layer machinery.
+//!
+//! - [`probe`]: pure classification of a blob tail (weenv or not, what else to read).
+//! - [`toc_cache`]: verified TOC tails cached on disk by layer digest.
+//! - [`source`]: [`crate::fetch::BlobSource`] over the registry client.
+//! - [`provider`]: [`WeenvLayers`], the real [`LayerProvider`] (registry + FUSE layer store).
 //!
 //! containerd passes `containerd.io/snapshot.ref=<target chainID>` plus one of two label
 //! families naming the image and the layer:
@@ -7,6 +12,13 @@
 //!   `containerd.io/snapshot/cri.layer-digest`;
 //! - `ctr-remote image rpull` (stargz): `containerd.io/snapshot/remote/stargz.reference`,
 //!   `containerd.io/snapshot/remote/stargz.digest`.
+
+pub mod probe;
+pub mod provider;
+pub mod source;
+pub mod toc_cache;
+
+pub use provider::WeenvLayers;
 
 use std::collections::HashMap;
 use std::path::PathBuf;

@@ -40,7 +40,7 @@ impl LayerProvider for Fake {
 }
 
 fn svc(d: &Path, fake: Option<Arc<Fake>>) -> SnapshotService {
-    let store = MetaStore::open(&d.join("m.redb")).unwrap();
+    let store = Arc::new(MetaStore::open(&d.join("m.redb")).unwrap());
     SnapshotService::new(
         store,
         d.join("snapshots"),

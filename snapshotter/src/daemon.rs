@@ -1,0 +1,140 @@
+//! Daemon wiring: open the store, mount the FUSE layer store, remount every committed remote
+//! snapshot, then serve the observability endpoint and containerd's Snapshots API until
+//! SIGTERM/SIGINT. On exit the FUSE session is unmounted (see README: running containers
+//! whose rootfs stacks weenv layers lose them; new containers work after a restart).
+
+use crate::config::Config;
+use crate::fetch::FillConfig;
+use crate::http::{self, Observable};
+use crate::layers::{LayerStore, LayerStoreConfig};
+use crate::metrics::Metrics;
+use crate::remote::toc_cache::TocCache;
+use crate::remote::{LayerProvider, WeenvLayers};
+use crate::service::SnapshotService;
+use crate::store::MetaStore;
+use std::sync::Arc;
+use thiserror::Error;
+use tracing::{error, info};
+
+/// Startup/runtime failures of the daemon (exit code 1 in main).
+#[derive(Debug, Error)]
+pub enum DaemonError {
+    #[error("creating {path}: {source}")]
+    Dir {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
+    #[error("starting the FUSE layer store: {0}")]
+    Layers(#[from] crate::layers::LayerError),
+    #[error("registry client: {0}")]
+    Registry(#[from] weenv_registry::RegistryError),
+    #[error(transparent)]
+    Service(#[from] crate::service::SnapshotError),
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    #[error(transparent)]
+    Grpc(#[from] crate::grpc::GrpcError),
+}
+
+struct Obs {
+    store: Arc<MetaStore>,
+    layers: Arc<LayerStore>,
+    metrics: Arc<Metrics>,
+}
+
+impl Observable for Obs {
+    fn metrics_text(&self) -> String {
+        self.metrics.render()
+    }
+    fn status_json(&self) -> String {
+        serde_json::to_string_pretty(&crate::status::report(&self.store, &self.layers))
+            .unwrap_or_default()
+    }
+}
+
+/// The layer store configuration derived from the daemon config.
+pub fn layer_store_config(cfg: &Config) -> LayerStoreConfig {
+    LayerStoreConfig {
+        mountpoint: cfg.mountpoint(),
+        cache_dir: cfg.cache_dir(),
+        memory_cache_bytes: cfg.cache.memory_bytes,
+        disk_cache_bytes: cfg.cache.disk_bytes,
+        fill: FillConfig {
+            enabled: cfg.fill.enabled,
+            concurrency: cfg.fill.concurrency,
+            rate_limit_bytes_per_sec: cfg.fill.rate_bytes_per_sec,
+            ..FillConfig::default()
+        },
+        fuse_threads: cfg.fuse.threads,
+        passthrough: cfg.fuse.passthrough,
+    }
+}
+
+/// Run the daemon until a termination signal.
+pub async fn run(cfg: Config) -> Result<(), DaemonError> {
+    for d in [cfg.root_dir.clone(), cfg.snapshots_dir(), cfg.toc_dir()] {
+        std::fs::create_dir_all(&d).map_err(|source| DaemonError::Dir {
+            path: d.clone(),
+            source,
+        })?;
+    }
+    let store = Arc::new(MetaStore::open(&cfg.db_path())?);
+    let metrics = Arc::new(Metrics::new());
+    let layers = LayerStore::start(
+        layer_store_config(&cfg),
+        tokio::runtime::Handle::current(),
+        metrics.clone(),
+    )?;
+    let registry = weenv_registry::Client::new(cfg.registry_config())?;
+    let provider: Arc<dyn LayerProvider> = Arc::new(WeenvLayers::new(
+        store.clone(),
+        layers.clone(),
+        registry,
+        TocCache::new(&cfg.toc_dir()),
+    ));
+    let svc = Arc::new(SnapshotService::new(
+        store.clone(),
+        cfg.snapshots_dir(),
+        Some(provider),
+    )?);
+    let (ok, failed) = svc.remount_all().await?;
+    info!(remounted = ok, failed, "remote snapshots remounted");
+
+    if let Some(addr) = cfg.listen_addr()? {
+        let obs = Arc::new(Obs {
+            store: store.clone(),
+            layers: layers.clone(),
+            metrics,
+        });
+        tokio::spawn(async move {
+            if let Err(e) = http::serve(addr, obs).await {
+                error!(error = %e, "observability endpoint stopped");
+            }
+        });
+    }
+
+    info!(socket = %cfg.socket.display(), "serving containerd Snapshots API");
+    let res = crate::grpc::serve(svc, &cfg.socket, shutdown_signal()).await;
+    info!("shutting down: unmounting the FUSE session");
+    layers.shutdown();
+    res?;
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        error!("cannot install signal handlers; stop the daemon with SIGKILL");
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => info!("SIGTERM"),
+        _ = int.recv() => info!("SIGINT"),
+    }
+}

@@ -1,0 +1,107 @@
+//! Verified TOC tails on disk, by layer digest: `<dir>/<hex>.toc` holds the TOC skippable frame
+//! followed by the footer, exactly as read from the blob. Loading re-verifies them
+//! (footer digest over the TOC bytes, TOC validation), so a damaged file is detected and the
+//! TOC refetched; writes are atomic (temp file + rename).
+
+use std::path::{Path, PathBuf};
+use weenv_format::reader::parse_tail;
+use weenv_format::{Digest, FormatError, Toc};
+
+/// The cache directory.
+#[derive(Clone, Debug)]
+pub struct TocCache {
+    dir: PathBuf,
+}
+
+/// Errors of the TOC cache.
+#[derive(Debug, thiserror::Error)]
+pub enum TocCacheError {
+    #[error("TOC cache file {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cached TOC {path} is invalid: {source}")]
+    Invalid {
+        path: PathBuf,
+        #[source]
+        source: FormatError,
+    },
+}
+
+impl TocCache {
+    pub fn new(dir: &Path) -> Self {
+        Self {
+            dir: dir.to_path_buf(),
+        }
+    }
+
+    /// Path of the cached tail of `digest`.
+    pub fn path(&self, digest: &Digest) -> PathBuf {
+        self.dir.join(format!("{}.toc", digest.hex()))
+    }
+
+    /// Verify `tail` (TOC frame + footer of a blob of `blob_size` bytes) and store it.
+    pub fn put(&self, digest: &Digest, tail: &[u8], blob_size: u64) -> Result<Toc, TocCacheError> {
+        let path = self.path(digest);
+        let (_, toc) =
+            parse_tail(tail, blob_size, None).map_err(|source| TocCacheError::Invalid {
+                path: path.clone(),
+                source,
+            })?;
+        let io = |source| TocCacheError::Io {
+            path: path.clone(),
+            source,
+        };
+        std::fs::create_dir_all(&self.dir).map_err(io)?;
+        let tmp = self.dir.join(format!(".{}.tmp", digest.hex()));
+        std::fs::write(&tmp, tail).map_err(io)?;
+        std::fs::rename(&tmp, &path).map_err(io)?;
+        Ok(toc)
+    }
+
+    /// Load and re-verify the cached TOC of `digest`.
+    pub fn get(&self, digest: &Digest, blob_size: u64) -> Result<Toc, TocCacheError> {
+        let path = self.path(digest);
+        let tail = std::fs::read(&path).map_err(|source| TocCacheError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        parse_tail(&tail, blob_size, None)
+            .map(|(_, t)| t)
+            .map_err(|source| TocCacheError::Invalid { path, source })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fetch::testutil::{build_layer, tar_of, T};
+    use weenv_format::footer::FOOTER_SIZE;
+
+    #[test]
+    fn roundtrip_and_damage_detected() {
+        let d = tempfile::tempdir().unwrap();
+        let c = TocCache::new(&d.path().join("tocs"));
+        let tar = tar_of(&[T::File("f", vec![3u8; 5000])]);
+        let (digest, toc, blob) = build_layer(&tar, 1 << 20);
+        let size = blob.len() as u64;
+        let f = weenv_format::footer::Footer::parse(&blob).unwrap();
+        let tail = &blob[f.toc_offset as usize..];
+        assert_eq!(tail.len(), f.toc_len as usize + FOOTER_SIZE);
+        assert_eq!(c.put(&digest, tail, size).unwrap(), toc);
+        assert_eq!(c.get(&digest, size).unwrap(), toc);
+        // flip a byte inside the TOC frame
+        let mut bad = tail.to_vec();
+        bad[10] ^= 0xff;
+        std::fs::write(c.path(&digest), &bad).unwrap();
+        assert!(matches!(
+            c.get(&digest, size),
+            Err(TocCacheError::Invalid { .. })
+        ));
+        assert!(c.put(&digest, &bad, size).is_err());
+        let other = Digest::sha256(b"none");
+        assert!(matches!(c.get(&other, size), Err(TocCacheError::Io { .. })));
+    }
+}

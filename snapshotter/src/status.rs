@@ -1,0 +1,188 @@
+//! The `/status` document: mounted layers with fill progress, cache usage, snapshot counts.
+//! Serialized by the daemon, parsed by `weenv status`.
+
+use crate::layers::LayerStore;
+use crate::store::{Kind, MetaStore, StoreError};
+use serde::{Deserialize, Serialize};
+
+/// Snapshot counts by kind.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotCounts {
+    pub active: u64,
+    pub view: u64,
+    pub committed: u64,
+    /// Committed snapshots backed by a FUSE layer.
+    pub remote: u64,
+}
+
+/// One mounted layer.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LayerView {
+    pub digest: String,
+    pub path: String,
+    pub entries: u64,
+    pub bytes_total: u64,
+    pub bytes_cached: u64,
+    pub frames_total: u64,
+    pub frames_cached: u64,
+    /// `disabled`, `pending`, `running`, `done`, `failed`.
+    pub fill: String,
+    pub fill_error: Option<String>,
+}
+
+/// Cache usage in bytes.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CacheView {
+    pub memory_used: u64,
+    pub memory_capacity: u64,
+    pub disk_used: u64,
+    pub disk_capacity: u64,
+}
+
+/// The whole status document.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StatusReport {
+    pub version: String,
+    pub mountpoint: String,
+    pub passthrough: bool,
+    pub snapshots: SnapshotCounts,
+    pub layers: Vec<LayerView>,
+    pub cache: CacheView,
+}
+
+/// Count snapshots by kind.
+pub fn count_snapshots(store: &MetaStore) -> Result<SnapshotCounts, StoreError> {
+    let mut c = SnapshotCounts::default();
+    for r in store.list()? {
+        match r.kind {
+            Kind::Active => c.active += 1,
+            Kind::View => c.view += 1,
+            Kind::Committed => c.committed += 1,
+        }
+        if r.remote.is_some() {
+            c.remote += 1;
+        }
+    }
+    Ok(c)
+}
+
+/// Build the report from the live layer store and the metadata store.
+pub fn report(store: &MetaStore, layers: &LayerStore) -> StatusReport {
+    let ((mu, mc), (du, dc)) = layers.cache_usage();
+    let mut lv: Vec<LayerView> = layers
+        .status()
+        .into_iter()
+        .map(|l| LayerView {
+            digest: l.digest.to_string(),
+            path: l.path.display().to_string(),
+            entries: l.entries as u64,
+            bytes_total: l.bytes_total,
+            bytes_cached: l.bytes_cached,
+            frames_total: l.frames_total as u64,
+            frames_cached: l.frames_cached as u64,
+            fill: serde_json::to_value(l.fill)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_string))
+                .unwrap_or_default(),
+            fill_error: l.fill_error,
+        })
+        .collect();
+    lv.sort_by(|a, b| a.digest.cmp(&b.digest));
+    StatusReport {
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        mountpoint: layers.mountpoint().display().to_string(),
+        passthrough: layers.passthrough_active(),
+        snapshots: count_snapshots(store).unwrap_or_default(),
+        layers: lv,
+        cache: CacheView {
+            memory_used: mu,
+            memory_capacity: mc,
+            disk_used: du,
+            disk_capacity: dc,
+        },
+    }
+}
+
+/// Human-readable rendering for `weenv status`.
+pub fn render_text(r: &StatusReport) -> String {
+    use std::fmt::Write as _;
+    let mut s = String::new();
+    let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    let _ = writeln!(
+        s,
+        "weenv-snapshotter {}  mountpoint {}  passthrough {}",
+        r.version, r.mountpoint, r.passthrough
+    );
+    let _ = writeln!(
+        s,
+        "snapshots: {} active, {} view, {} committed ({} remote)",
+        r.snapshots.active, r.snapshots.view, r.snapshots.committed, r.snapshots.remote
+    );
+    let _ = writeln!(
+        s,
+        "cache: memory {:.1}/{:.1} MiB, disk {:.1}/{:.1} MiB",
+        mib(r.cache.memory_used),
+        mib(r.cache.memory_capacity),
+        mib(r.cache.disk_used),
+        mib(r.cache.disk_capacity)
+    );
+    let _ = writeln!(s, "layers: {}", r.layers.len());
+    for l in &r.layers {
+        let pct = if l.bytes_total == 0 {
+            100.0
+        } else {
+            100.0 * l.bytes_cached as f64 / l.bytes_total as f64
+        };
+        let _ = writeln!(
+            s,
+            "  {}  {:>6} entries  {:>9.1} MiB  cached {:5.1}%  fill {}{}",
+            &l.digest[..l.digest.len().min(19)],
+            l.entries,
+            mib(l.bytes_total),
+            pct,
+            l.fill,
+            l.fill_error
+                .as_deref()
+                .map(|e| format!(" ({e})"))
+                .unwrap_or_default()
+        );
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn roundtrip_and_text() {
+        let r = StatusReport {
+            version: "0.1.0".into(),
+            mountpoint: "/m".into(),
+            passthrough: true,
+            snapshots: SnapshotCounts {
+                active: 1,
+                view: 0,
+                committed: 3,
+                remote: 2,
+            },
+            layers: vec![LayerView {
+                digest: "sha256:abcdef0123456789abcdef".into(),
+                path: "/m/abc".into(),
+                entries: 10,
+                bytes_total: 2 << 20,
+                bytes_cached: 1 << 20,
+                frames_total: 2,
+                frames_cached: 1,
+                fill: "running".into(),
+                fill_error: None,
+            }],
+            cache: CacheView::default(),
+        };
+        let j = serde_json::to_string(&r).unwrap();
+        assert_eq!(serde_json::from_str::<StatusReport>(&j).unwrap(), r);
+        let t = render_text(&r);
+        assert!(t.contains("cached  50.0%"), "{t}");
+        assert!(t.contains("3 committed (2 remote)"));
+    }
+}
