@@ -85,6 +85,8 @@ mod tests {
         assert_eq!(d.as_str().parse::<Digest>().ok(), Some(d.clone()));
         assert!("sha256:xyz".parse::<Digest>().is_err());
         assert!("md5:00".parse::<Digest>().is_err());
-        assert!(format!("sha256:{}", "A".repeat(64)).parse::<Digest>().is_err());
+        assert!(format!("sha256:{}", "A".repeat(64))
+            .parse::<Digest>()
+            .is_err());
     }
 }
