@@ -3,7 +3,7 @@
 //! request per call, `206` expected, a `200` full body is sliced with a one-time warning).
 
 use crate::auth::repo_scope;
-use crate::client::{header_str, Client, Req, Target};
+use crate::client::{header_content_length, header_str, Client, Req, Target};
 use crate::config::Capability;
 use crate::error::RegistryError;
 use crate::reference::Reference;
@@ -68,11 +68,14 @@ impl Client {
         d: &Digest,
         cap: Capability,
     ) -> Result<Option<u64>, RegistryError> {
-        let req = Self::blob_req(r, d, Method::HEAD, Kind::Head);
+        let mut req = Self::blob_req(r, d, Method::HEAD, Kind::Head);
+        if cap == Capability::Push {
+            // the existence check before an upload uses the upload's token
+            req.scopes = vec![repo_scope(r.repository(), "pull,push")];
+        }
         let (resp, ep) = self.execute(r.registry(), cap, &req).await?;
         match resp.status().as_u16() {
-            200..=299 => resp
-                .content_length()
+            200..=299 => header_content_length(resp.headers())
                 .map(Some)
                 .ok_or_else(|| RegistryError::Protocol {
                     url: resp.url().to_string(),

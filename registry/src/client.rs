@@ -456,6 +456,12 @@ async fn drain(resp: Response) {
     }
 }
 
+/// The `Content-Length` header itself (reqwest's `content_length()` is the body size hint,
+/// which is 0 for HEAD responses).
+pub(crate) fn header_content_length(h: &HeaderMap) -> Option<u64> {
+    header_str(h, "content-length").and_then(|v| v.trim().parse().ok())
+}
+
 /// A header as a string, if present and ASCII.
 pub(crate) fn header_str<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
     h.get(name).and_then(|v| v.to_str().ok())

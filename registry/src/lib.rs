@@ -31,6 +31,7 @@ pub mod stats;
 
 pub use auth::{Credential, CredentialSource};
 pub use blob::{parse_content_range, range_header};
+pub use bytes::Bytes;
 pub use client::Client;
 pub use config::{Capability, Endpoint, HostConfig, MirrorConfig, RegistryConfig};
 pub use error::RegistryError;

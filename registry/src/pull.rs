@@ -2,7 +2,7 @@
 //! manifest, and follow an index to the image manifest of a platform.
 
 use crate::auth::repo_scope;
-use crate::client::{header_str, Client, Req, Target};
+use crate::client::{header_content_length, header_str, Client, Req, Target};
 use crate::config::Capability;
 use crate::error::RegistryError;
 use crate::manifest::{
@@ -95,7 +95,7 @@ impl Client {
             let digest =
                 header_str(h, "docker-content-digest").and_then(|d| d.parse::<Digest>().ok());
             let mt = content_type(h);
-            let size = resp.content_length();
+            let size = header_content_length(h);
             if let (Some(digest), Some(size), false) = (digest, size, mt.is_empty()) {
                 if let Some(want) = r.digest() {
                     if *want != digest {
