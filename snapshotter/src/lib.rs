@@ -15,11 +15,13 @@
 
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 
+pub mod cli;
 pub mod config;
 pub mod daemon;
 pub mod grpc;
 pub mod http;
 pub mod mounts;
+pub mod pull;
 pub mod remote;
 pub mod service;
 pub mod status;

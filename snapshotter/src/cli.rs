@@ -1,0 +1,147 @@
+//! The `weenv` CLI: `pull`, `status`, `metrics`. Parsing and dispatch; the work is in
+//! [`crate::pull`] and [`crate::http`].
+
+use crate::config::{parse_listen, Config, ListenAddr, DEFAULT_CONFIG_PATH};
+use crate::pull::{pull, PullOptions};
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+
+/// weenv: user-facing helpers for the weenv snapshotter.
+#[derive(Parser, Debug)]
+#[command(name = "weenv", version)]
+pub struct Cli {
+    /// Daemon config (registry settings, status endpoint); missing file = defaults.
+    #[arg(long, global = true, default_value = DEFAULT_CONFIG_PATH)]
+    pub config: PathBuf,
+    #[command(subcommand)]
+    pub cmd: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Cmd {
+    /// Pull an image through containerd with remote-snapshot labels (lazy weenv layers).
+    Pull {
+        /// Image reference, e.g. 127.0.0.1:5000/python:3 or docker.io/library/busybox:1.
+        reference: String,
+        /// containerd namespace.
+        #[arg(short, long, default_value = "default")]
+        namespace: String,
+        /// containerd socket.
+        #[arg(short, long, default_value = "/run/containerd/containerd.sock")]
+        address: PathBuf,
+        /// Snapshotter name registered in containerd's proxy_plugins.
+        #[arg(long, default_value = "weenv")]
+        snapshotter: String,
+        /// Talk plain HTTP to the image's registry (the daemon needs the same in its config).
+        #[arg(long)]
+        plain_http: bool,
+        /// containerd-style hosts.toml directory (overrides the config's registry.hosts_dir).
+        #[arg(long)]
+        hosts_dir: Option<PathBuf>,
+        /// Platform os/arch[/variant] (default: this host).
+        #[arg(long)]
+        platform: Option<String>,
+        /// Name of the image record (default: the normalised reference).
+        #[arg(long)]
+        name: Option<String>,
+    },
+    /// Show mounted layers, fill progress and cache usage from the daemon.
+    Status {
+        /// Endpoint (ip:port or unix:/path); default: the config's observability.listen.
+        #[arg(long)]
+        endpoint: Option<String>,
+        /// Print the raw JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print the daemon's Prometheus metrics.
+    Metrics {
+        #[arg(long)]
+        endpoint: Option<String>,
+    },
+}
+
+fn load_config(path: &PathBuf) -> Result<Config> {
+    if path.exists() {
+        Config::load(path).with_context(|| format!("loading {}", path.display()))
+    } else {
+        Ok(Config::default())
+    }
+}
+
+fn endpoint(cfg: &Config, e: &Option<String>) -> Result<ListenAddr> {
+    let s = e
+        .clone()
+        .unwrap_or_else(|| cfg.observability.listen.clone());
+    match parse_listen(&s)? {
+        Some(a) => Ok(a),
+        None => bail!("the daemon's observability endpoint is disabled; pass --endpoint"),
+    }
+}
+
+/// Run the CLI.
+pub async fn run(cli: Cli) -> Result<()> {
+    let cfg = load_config(&cli.config)?;
+    match cli.cmd {
+        Cmd::Pull {
+            reference,
+            namespace,
+            address,
+            snapshotter,
+            plain_http,
+            hosts_dir,
+            platform,
+            name,
+        } => {
+            let mut rc = cfg.registry_config();
+            if let Some(d) = hosts_dir {
+                rc.hosts_dir = Some(d);
+            }
+            if plain_http {
+                let r: weenv_registry::Reference = reference.parse()?;
+                rc.hosts
+                    .entry(r.registry().to_string())
+                    .or_default()
+                    .plain_http = true;
+            }
+            let registry = weenv_registry::Client::new(rc)?;
+            let ch = containerd_client::connect(&address)
+                .await
+                .with_context(|| format!("connecting to containerd at {}", address.display()))?;
+            let opts = PullOptions {
+                namespace,
+                snapshotter,
+                platform,
+                image_name: name,
+            };
+            let rep = pull(&registry, ch, &reference, &opts).await?;
+            println!(
+                "{}: manifest {} ({} lazy, {} applied, {} present layers) in {:.2}s",
+                rep.image,
+                rep.manifest,
+                rep.remote_layers,
+                rep.applied_layers,
+                rep.present_layers,
+                rep.seconds
+            );
+        }
+        Cmd::Status { endpoint: e, json } => {
+            let body = crate::http::get(&endpoint(&cfg, &e)?, "/status").await?;
+            if json {
+                println!("{body}");
+            } else {
+                let r: crate::status::StatusReport =
+                    serde_json::from_str(&body).context("parsing /status")?;
+                print!("{}", crate::status::render_text(&r));
+            }
+        }
+        Cmd::Metrics { endpoint: e } => {
+            print!(
+                "{}",
+                crate::http::get(&endpoint(&cfg, &e)?, "/metrics").await?
+            );
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,570 @@
+//! `weenv pull`: pull an image through containerd's API with remote-snapshot labels, so the
+//! weenv snapshotter mounts weenv layers lazily (like `ctr-remote image rpull`).
+//!
+//! Steps, under one containerd lease: resolve the manifest (index -> platform pick), write
+//! index/manifest/config into containerd's content store; per layer (bottom up, by chain id)
+//! `Stat` -> `Prepare` with `containerd.io/snapshot.ref` + `cri.*` labels; AlreadyExists means
+//! the snapshotter committed a remote snapshot; otherwise fetch the blob, `Diff.Apply` it into
+//! the prepared mounts and `Commit` (so any image works). Finally GC labels
+//! (`gc.ref.snapshot.<snapshotter>` on the config, `gc.ref.content.*` on manifest/index) and
+//! the image record (create, or update if it exists).
+
+use crate::remote::{LABEL_CRI_IMAGE_REF, LABEL_CRI_LAYER_DIGEST, LABEL_TARGET};
+use bytes::Bytes;
+use containerd_client::services::v1::content_client::ContentClient;
+use containerd_client::services::v1::diff_client::DiffClient;
+use containerd_client::services::v1::images_client::ImagesClient;
+use containerd_client::services::v1::leases_client::LeasesClient;
+use containerd_client::services::v1::snapshots::snapshots_client::SnapshotsClient;
+use containerd_client::services::v1::snapshots::{
+    CommitSnapshotRequest, PrepareSnapshotRequest, RemoveSnapshotRequest, StatSnapshotRequest,
+};
+use containerd_client::services::v1::{
+    ApplyRequest, CreateImageRequest, CreateRequest as LeaseCreate, DeleteRequest as LeaseDelete,
+    Image, Info as ContentInfo, InfoRequest, UpdateImageRequest, UpdateRequest, WriteAction,
+    WriteContentRequest,
+};
+use containerd_client::types::Descriptor as CDescriptor;
+use std::collections::{BTreeMap, HashMap};
+use std::time::Instant;
+use thiserror::Error;
+use tonic::transport::Channel;
+use tonic::{Code, Request};
+use tracing::{debug, info};
+use weenv_format::Digest;
+use weenv_registry::manifest::host_platform;
+use weenv_registry::{select_platform, Client, ImageManifest, Manifest, Reference};
+
+/// Label: CRI manifest digest.
+pub const LABEL_CRI_MANIFEST_DIGEST: &str = "containerd.io/snapshot/cri.manifest-digest";
+/// Label: CRI comma-separated layer digests (capped like containerd's, 4 KiB).
+pub const LABEL_CRI_IMAGE_LAYERS: &str = "containerd.io/snapshot/cri.image-layers";
+
+/// Errors of a pull.
+#[derive(Debug, Error)]
+pub enum PullError {
+    #[error("registry: {0}")]
+    Registry(#[from] weenv_registry::RegistryError),
+    #[error("containerd {op}: {status}")]
+    Containerd {
+        op: &'static str,
+        status: tonic::Status,
+    },
+    #[error("image config {digest}: {message}")]
+    Config { digest: String, message: String },
+    #[error("no manifest for platform {platform} in index {reference}")]
+    NoPlatform { reference: String, platform: String },
+}
+
+fn ctd(op: &'static str) -> impl FnOnce(tonic::Status) -> PullError {
+    move |status| PullError::Containerd { op, status }
+}
+
+/// Chain ids of a layer stack from its diff ids (OCI image spec: `chain(n) =
+/// sha256(chain(n-1) + " " + diff_id(n))`).
+pub fn chain_ids(diff_ids: &[String]) -> Vec<String> {
+    let mut out: Vec<String> = Vec::with_capacity(diff_ids.len());
+    for d in diff_ids {
+        let next = match out.last() {
+            None => d.clone(),
+            Some(prev) => Digest::sha256(format!("{prev} {d}").as_bytes()).to_string(),
+        };
+        out.push(next);
+    }
+    out
+}
+
+/// Labels on the Prepare of layer `i`.
+pub fn layer_labels(
+    chain_id: &str,
+    reference: &str,
+    layer: &str,
+    manifest: &str,
+    all_layers: &[String],
+) -> HashMap<String, String> {
+    let mut layers = String::new();
+    for l in all_layers {
+        if layers.len() + l.len() + 1 > 4096 {
+            break;
+        }
+        if !layers.is_empty() {
+            layers.push(',');
+        }
+        layers.push_str(l);
+    }
+    [
+        (LABEL_TARGET, chain_id),
+        (LABEL_CRI_IMAGE_REF, reference),
+        (LABEL_CRI_LAYER_DIGEST, layer),
+        (LABEL_CRI_MANIFEST_DIGEST, manifest),
+        (LABEL_CRI_IMAGE_LAYERS, layers.as_str()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect()
+}
+
+/// GC labels of a manifest: config and layers it references.
+pub fn manifest_gc_labels(m: &ImageManifest) -> BTreeMap<String, String> {
+    let mut l = BTreeMap::new();
+    l.insert(
+        "containerd.io/gc.ref.content.config".to_string(),
+        m.config.digest.to_string(),
+    );
+    for (i, d) in m.layers.iter().enumerate() {
+        l.insert(
+            format!("containerd.io/gc.ref.content.l.{i}"),
+            d.digest.to_string(),
+        );
+    }
+    l
+}
+
+/// Options of a pull.
+#[derive(Clone, Debug)]
+pub struct PullOptions {
+    pub namespace: String,
+    pub snapshotter: String,
+    /// `os/arch[/variant]`; default: this host.
+    pub platform: Option<String>,
+    /// Image name recorded in containerd (default: the normalised reference).
+    pub image_name: Option<String>,
+}
+
+/// What a pull did.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PullReport {
+    pub image: String,
+    pub manifest: String,
+    pub top_chain_id: String,
+    /// Layers committed as remote (lazy) snapshots.
+    pub remote_layers: usize,
+    /// Layers fetched and applied the ordinary way.
+    pub applied_layers: usize,
+    /// Layers already present.
+    pub present_layers: usize,
+    pub seconds: f64,
+}
+
+/// containerd clients bound to one namespace and lease.
+struct Ctd {
+    ch: Channel,
+    ns: String,
+    lease: Option<String>,
+}
+
+impl Ctd {
+    fn req<T>(&self, m: T) -> Request<T> {
+        let mut r = Request::new(m);
+        let md = r.metadata_mut();
+        if let Ok(v) = self.ns.parse() {
+            md.insert("containerd-namespace", v);
+        }
+        if let Some(v) = self.lease.as_ref().and_then(|l| l.parse().ok()) {
+            md.insert("containerd-lease", v);
+        }
+        r
+    }
+
+    async fn content_exists(&self, d: &str) -> Result<bool, PullError> {
+        let r = ContentClient::new(self.ch.clone())
+            .info(self.req(InfoRequest {
+                digest: d.to_string(),
+            }))
+            .await;
+        match r {
+            Ok(_) => Ok(true),
+            Err(s) if s.code() == Code::NotFound => Ok(false),
+            Err(s) => Err(ctd("content info")(s)),
+        }
+    }
+
+    /// Write `data` (digest `d`) into the content store unless present.
+    async fn write_content(&self, d: &str, data: Bytes) -> Result<(), PullError> {
+        if self.content_exists(d).await? {
+            return Ok(());
+        }
+        const CHUNK: usize = 1 << 20;
+        let total = data.len() as i64;
+        let rf = format!("weenv-pull-{d}");
+        let mut msgs = Vec::new();
+        let mut off = 0usize;
+        while off < data.len() {
+            let end = (off + CHUNK).min(data.len());
+            msgs.push(WriteContentRequest {
+                action: WriteAction::Write as i32,
+                r#ref: rf.clone(),
+                total,
+                expected: d.to_string(),
+                offset: off as i64,
+                data: data.slice(off..end).to_vec(),
+                labels: HashMap::new(),
+            });
+            off = end;
+        }
+        msgs.push(WriteContentRequest {
+            action: WriteAction::Commit as i32,
+            r#ref: rf,
+            total,
+            expected: d.to_string(),
+            offset: total,
+            data: Vec::new(),
+            labels: HashMap::new(),
+        });
+        let r = ContentClient::new(self.ch.clone())
+            .write(self.req(futures::stream::iter(msgs)))
+            .await;
+        let mut stream = match r {
+            Ok(s) => s.into_inner(),
+            Err(s) if s.code() == Code::AlreadyExists => return Ok(()),
+            Err(s) => return Err(ctd("content write")(s)),
+        };
+        loop {
+            match stream.message().await {
+                Ok(Some(_)) => {}
+                Ok(None) => return Ok(()),
+                Err(s) if s.code() == Code::AlreadyExists => return Ok(()),
+                Err(s) => return Err(ctd("content write")(s)),
+            }
+        }
+    }
+
+    async fn set_labels(&self, d: &str, labels: BTreeMap<String, String>) -> Result<(), PullError> {
+        let paths = labels.keys().map(|k| format!("labels.{k}")).collect();
+        ContentClient::new(self.ch.clone())
+            .update(self.req(UpdateRequest {
+                info: Some(ContentInfo {
+                    digest: d.to_string(),
+                    labels: labels.into_iter().collect(),
+                    ..Default::default()
+                }),
+                update_mask: Some(prost_types::FieldMask { paths }),
+            }))
+            .await
+            .map_err(ctd("content update"))?;
+        Ok(())
+    }
+}
+
+fn cdesc(media_type: &str, digest: &str, size: u64) -> CDescriptor {
+    CDescriptor {
+        media_type: media_type.to_string(),
+        digest: digest.to_string(),
+        size: size as i64,
+        annotations: HashMap::new(),
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct ImageConfig {
+    rootfs: RootFs,
+}
+#[derive(serde::Deserialize)]
+struct RootFs {
+    diff_ids: Vec<String>,
+}
+
+/// Pull `reference` into containerd at `channel`.
+pub async fn pull(
+    registry: &Client,
+    channel: Channel,
+    reference: &str,
+    opts: &PullOptions,
+) -> Result<PullReport, PullError> {
+    let started = Instant::now();
+    let r: Reference = reference.parse()?;
+    let mut c = Ctd {
+        ch: channel,
+        ns: opts.namespace.clone(),
+        lease: None,
+    };
+    let lease_id = format!(
+        "weenv-pull-{}-{}",
+        std::process::id(),
+        started.elapsed().as_nanos()
+    );
+    let expire = chrono::Utc::now() + chrono::Duration::hours(1);
+    LeasesClient::new(c.ch.clone())
+        .create(c.req(LeaseCreate {
+            id: lease_id.clone(),
+            labels: [("containerd.io/gc.expire".to_string(), expire.to_rfc3339())].into(),
+        }))
+        .await
+        .map_err(ctd("lease create"))?;
+    c.lease = Some(lease_id.clone());
+    let res = pull_leased(registry, &c, &r, opts).await;
+    c.lease = None;
+    let del = LeasesClient::new(c.ch.clone())
+        .delete(c.req(LeaseDelete {
+            id: lease_id,
+            sync: false,
+        }))
+        .await;
+    let mut report = res?;
+    del.map_err(ctd("lease delete"))?;
+    report.seconds = started.elapsed().as_secs_f64();
+    Ok(report)
+}
+
+async fn pull_leased(
+    registry: &Client,
+    c: &Ctd,
+    r: &Reference,
+    opts: &PullOptions,
+) -> Result<PullReport, PullError> {
+    let top = registry.get_manifest(r).await?;
+    let (os, arch) = host_platform();
+    let (pos, parch, pvar) = match &opts.platform {
+        Some(p) => {
+            let mut it = p.split('/');
+            (
+                it.next().unwrap_or(os).to_string(),
+                it.next().unwrap_or(arch).to_string(),
+                it.next().map(str::to_string),
+            )
+        }
+        None => (os.to_string(), arch.to_string(), None),
+    };
+    let (manifest, mblob) = match top.parse()? {
+        Manifest::Image(m) => (m, top.clone()),
+        Manifest::Index(ix) => {
+            let d = select_platform(&ix, &pos, &parch, pvar.as_deref()).ok_or_else(|| {
+                PullError::NoPlatform {
+                    reference: r.to_string(),
+                    platform: format!("{pos}/{parch}"),
+                }
+            })?;
+            let mb = registry
+                .get_manifest(&r.with_digest(d.digest.clone()))
+                .await?;
+            let m = match mb.parse()? {
+                Manifest::Image(m) => m,
+                Manifest::Index(_) => {
+                    return Err(PullError::NoPlatform {
+                        reference: r.to_string(),
+                        platform: "nested index".into(),
+                    })
+                }
+            };
+            (m, mb)
+        }
+    };
+    let cfg_bytes = registry.get_blob(r, &manifest.config.digest).await?;
+    let cfg: ImageConfig = serde_json::from_slice(&cfg_bytes).map_err(|e| PullError::Config {
+        digest: manifest.config.digest.to_string(),
+        message: e.to_string(),
+    })?;
+    if cfg.rootfs.diff_ids.len() != manifest.layers.len() {
+        return Err(PullError::Config {
+            digest: manifest.config.digest.to_string(),
+            message: format!(
+                "{} diff_ids for {} layers",
+                cfg.rootfs.diff_ids.len(),
+                manifest.layers.len()
+            ),
+        });
+    }
+    c.write_content(manifest.config.digest.as_str(), cfg_bytes)
+        .await?;
+    let chains = chain_ids(&cfg.rootfs.diff_ids);
+    let layer_digests: Vec<String> = manifest
+        .layers
+        .iter()
+        .map(|l| l.digest.to_string())
+        .collect();
+    let mut report = PullReport {
+        manifest: mblob.digest.to_string(),
+        ..Default::default()
+    };
+    let snaps = SnapshotsClient::new(c.ch.clone());
+    let mut parent = String::new();
+    for (i, layer) in manifest.layers.iter().enumerate() {
+        let chain = &chains[i];
+        let exists = snaps
+            .clone()
+            .stat(c.req(StatSnapshotRequest {
+                snapshotter: opts.snapshotter.clone(),
+                key: chain.clone(),
+            }))
+            .await;
+        match exists {
+            Ok(_) => {
+                report.present_layers += 1;
+                parent = chain.clone();
+                continue;
+            }
+            Err(s) if s.code() == Code::NotFound => {}
+            Err(s) => return Err(ctd("snapshot stat")(s)),
+        }
+        let key = format!("extract-weenv-{}-{} {chain}", std::process::id(), i);
+        let labels = layer_labels(
+            chain,
+            &r.to_string(),
+            layer.digest.as_str(),
+            mblob.digest.as_str(),
+            &layer_digests,
+        );
+        let prep = snaps
+            .clone()
+            .prepare(c.req(PrepareSnapshotRequest {
+                snapshotter: opts.snapshotter.clone(),
+                key: key.clone(),
+                parent: parent.clone(),
+                labels,
+            }))
+            .await;
+        match prep {
+            Err(s) if s.code() == Code::AlreadyExists => {
+                debug!(layer = %layer.digest, chain, "remote snapshot");
+                report.remote_layers += 1;
+            }
+            Err(s) => return Err(ctd("snapshot prepare")(s)),
+            Ok(resp) => {
+                let mounts = resp.into_inner().mounts;
+                let applied = apply_layer(registry, c, r, layer, mounts).await;
+                let done = match applied {
+                    Ok(()) => snaps
+                        .clone()
+                        .commit(c.req(CommitSnapshotRequest {
+                            snapshotter: opts.snapshotter.clone(),
+                            name: chain.clone(),
+                            key: key.clone(),
+                            labels: HashMap::new(),
+                            ..Default::default()
+                        }))
+                        .await
+                        .map(|_| ())
+                        .map_err(ctd("snapshot commit")),
+                    Err(e) => Err(e),
+                };
+                if let Err(e) = done {
+                    let _ = snaps
+                        .clone()
+                        .remove(c.req(RemoveSnapshotRequest {
+                            snapshotter: opts.snapshotter.clone(),
+                            key,
+                        }))
+                        .await;
+                    return Err(e);
+                }
+                report.applied_layers += 1;
+            }
+        }
+        parent = chain.clone();
+    }
+    report.top_chain_id = parent.clone();
+    // GC references: config -> top snapshot; manifest -> config + layers; index -> manifest.
+    let mut cl = BTreeMap::new();
+    cl.insert(
+        format!("containerd.io/gc.ref.snapshot.{}", opts.snapshotter),
+        parent,
+    );
+    c.set_labels(manifest.config.digest.as_str(), cl).await?;
+    c.write_content(mblob.digest.as_str(), mblob.bytes.clone())
+        .await?;
+    c.set_labels(mblob.digest.as_str(), manifest_gc_labels(&manifest))
+        .await?;
+    if top.digest != mblob.digest {
+        c.write_content(top.digest.as_str(), top.bytes.clone())
+            .await?;
+        let mut il = BTreeMap::new();
+        if let Manifest::Index(ix) = top.parse()? {
+            for (i, m) in ix.manifests.iter().enumerate() {
+                il.insert(
+                    format!("containerd.io/gc.ref.content.m.{i}"),
+                    m.digest.to_string(),
+                );
+            }
+        }
+        c.set_labels(top.digest.as_str(), il).await?;
+    }
+    let name = opts.image_name.clone().unwrap_or_else(|| r.to_string());
+    let image = Image {
+        name: name.clone(),
+        labels: HashMap::new(),
+        target: Some(cdesc(
+            &top.media_type,
+            top.digest.as_str(),
+            top.bytes.len() as u64,
+        )),
+        created_at: None,
+        updated_at: None,
+    };
+    let mut images = ImagesClient::new(c.ch.clone());
+    let created = images
+        .create(c.req(CreateImageRequest {
+            image: Some(image.clone()),
+            source_date_epoch: None,
+        }))
+        .await;
+    match created {
+        Ok(_) => {}
+        Err(s) if s.code() == Code::AlreadyExists => {
+            images
+                .update(c.req(UpdateImageRequest {
+                    image: Some(image),
+                    update_mask: None,
+                    source_date_epoch: None,
+                }))
+                .await
+                .map_err(ctd("image update"))?;
+        }
+        Err(s) => return Err(ctd("image create")(s)),
+    }
+    info!(image = %name, remote = report.remote_layers, applied = report.applied_layers,
+        present = report.present_layers, "pulled");
+    report.image = name;
+    Ok(report)
+}
+
+async fn apply_layer(
+    registry: &Client,
+    c: &Ctd,
+    r: &Reference,
+    layer: &weenv_registry::Descriptor,
+    mounts: Vec<containerd_client::types::Mount>,
+) -> Result<(), PullError> {
+    let d = layer.digest.as_str();
+    if !c.content_exists(d).await? {
+        let blob = registry.get_blob(r, &layer.digest).await?;
+        c.write_content(d, blob).await?;
+    }
+    DiffClient::new(c.ch.clone())
+        .apply(c.req(ApplyRequest {
+            diff: Some(cdesc(&layer.media_type, d, layer.size)),
+            mounts,
+            payloads: HashMap::new(),
+            sync_fs: false,
+        }))
+        .await
+        .map_err(ctd("diff apply"))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chain_ids_follow_the_spec() {
+        let a = Digest::sha256(b"a").to_string();
+        let b = Digest::sha256(b"b").to_string();
+        let ch = chain_ids(&[a.clone(), b.clone()]);
+        assert_eq!(ch[0], a);
+        assert_eq!(
+            ch[1],
+            Digest::sha256(format!("{a} {b}").as_bytes()).to_string()
+        );
+        assert!(chain_ids(&[]).is_empty());
+    }
+
+    #[test]
+    fn labels_carry_the_cri_family_and_cap_layers() {
+        let many: Vec<String> = (0..100).map(|i| format!("sha256:{i:064}")).collect();
+        let l = layer_labels("sha256:c", "r/x:1", &many[0], "sha256:m", &many);
+        let req = crate::remote::RemoteLayerRequest::from_labels(&l).unwrap();
+        assert_eq!(req.target, "sha256:c");
+        assert!(l[LABEL_CRI_IMAGE_LAYERS].len() <= 4096);
+        assert!(l[LABEL_CRI_IMAGE_LAYERS].starts_with(&many[0]));
+    }
+}
