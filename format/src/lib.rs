@@ -39,7 +39,7 @@ pub use fetch::{frames_for_range, plan_fetch, FetchRange};
 pub use footer::{Footer, FOOTER_SIZE};
 pub use frame::decode_frame;
 pub use range::RangeRead;
-pub use reader::{LayerReader, TocHint};
+pub use reader::{LayerReader, TocHint, VerifyReport};
 pub use toc::{ChunkRef, Entry, EntryKind, Frame, FrameIdx, Toc};
 pub use writer::{descriptor_annotations, write_layer, LayerSummary, WriterOptions};
 

@@ -184,6 +184,20 @@ fn read(r: &impl RangeRead, offset: u64, len: u64, what: &str) -> Result<Vec<u8>
     Ok(b)
 }
 
+/// Result of [`LayerReader::verify`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VerifyReport {
+    /// sha256 of the concatenated uncompressed frames: must equal the layer's diff_id.
+    pub diff_id: Digest,
+    /// Frames read and verified.
+    pub frames: u64,
+    /// Total uncompressed bytes (the tar length).
+    pub uncompressed_size: u64,
+}
+
+/// Largest single range request [`LayerReader::verify`] makes.
+pub const VERIFY_REQUEST: u64 = 16 << 20;
+
 /// An opened, verified weenv layer.
 pub struct LayerReader<R> {
     r: R,
@@ -307,6 +321,40 @@ impl<R: RangeRead> LayerReader<R> {
             })?;
         let c = read(&self.r, f.offset, f.clen, "frame")?;
         decode_frame(f, &c)
+    }
+
+    /// Read and verify every frame (coalesced range reads of up to [`VERIFY_REQUEST`] bytes)
+    /// and hash the uncompressed stream; compare `diff_id` with the image config.
+    pub fn verify(&self) -> Result<VerifyReport, FormatError> {
+        use sha2::{Digest as _, Sha256};
+        let all: Vec<FrameIdx> = (0..self.toc.frames.len() as u32).map(FrameIdx).collect();
+        let mut hash = Sha256::new();
+        let mut report = VerifyReport {
+            diff_id: Digest::sha256(b""),
+            frames: 0,
+            uncompressed_size: 0,
+        };
+        for range in crate::fetch::plan_fetch(&self.toc, &all, 0, VERIFY_REQUEST) {
+            let bytes = read(&self.r, range.offset, range.len, "frames")?;
+            for idx in range.frames {
+                let f = &self.toc.frames[idx.0 as usize];
+                let start = f.offset.saturating_sub(range.offset);
+                let slice = usize::try_from(start)
+                    .ok()
+                    .and_then(|s| Some(s..s.checked_add(usize::try_from(f.clen).ok()?)?))
+                    .and_then(|r| bytes.get(r))
+                    .ok_or_else(|| FormatError::FrameLayout {
+                        frame: idx.0.into(),
+                        reason: "frame outside its fetched range".into(),
+                    })?;
+                let data = decode_frame(f, slice)?;
+                hash.update(&data);
+                report.frames += 1;
+                report.uncompressed_size += data.len() as u64;
+            }
+        }
+        report.diff_id = Digest::from_sha256_bytes(&hash.finalize().into());
+        Ok(report)
     }
 
     /// Read `offset..offset+len` of the file at `path` (hardlinks followed), clipped at EOF.

@@ -127,6 +127,7 @@ fn frame_digest_mismatch() {
     let mid = (f.offset + f.clen / 2) as usize;
     blob[mid] ^= 0xff;
     let r = LayerReader::open(&blob, None).unwrap();
+    assert!(r.verify().is_err());
     let e = r.read_frame(FrameIdx(1)).unwrap_err();
     assert!(
         matches!(

@@ -264,6 +264,10 @@ fn check(tar: &[u8], exp: &[Expect], opts: &WriterOptions) -> Result<(), TestCas
     let r2 = LayerReader::open(&counting2, None).unwrap();
     prop_assert_eq!(counting2.reads.get(), 1);
     prop_assert_eq!(r2.toc(), r.toc());
+    let v = r.verify().unwrap();
+    prop_assert_eq!(&v.diff_id, &sum.diff_id);
+    prop_assert_eq!(v.frames, sum.frame_count);
+    prop_assert_eq!(v.uncompressed_size, tar.len() as u64);
 
     prop_assert_eq!(r.toc().entries.len(), exp.len());
     for (e, x) in r.toc().entries.iter().zip(exp) {
