@@ -22,6 +22,8 @@ mod client;
 pub mod config;
 pub mod error;
 pub mod manifest;
+#[cfg(test)]
+mod mock_tests;
 mod pull;
 mod push;
 pub mod range_reader;
