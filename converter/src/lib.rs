@@ -17,11 +17,16 @@
 pub mod archive;
 pub mod convert;
 pub mod error;
+pub mod group;
 pub mod inspect;
 pub mod layer;
 pub mod location;
+pub mod mutate;
+pub mod plan;
+pub mod resolve_cache;
 pub mod sink;
 pub mod source;
+pub mod stats;
 pub mod summary;
 pub mod verify;
 

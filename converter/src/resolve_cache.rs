@@ -99,7 +99,9 @@ pub fn default_cache_dir() -> PathBuf {
 
 /// Seconds since the epoch of `t`.
 pub fn unix_secs(t: SystemTime) -> u64 {
-    t.duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+    t.duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
 }
 
 /// Whether `reference` pins a digest (`...@sha256:...`).
@@ -249,7 +251,10 @@ mod tests {
         c.put_blob(&d, m);
         assert_eq!(c.lookup("r/a:1", 159, pol), Lookup::Fresh(d.clone()));
         assert_eq!(c.lookup("r/a:1", 160, pol), Lookup::Resolve);
-        let refresh = ResolvePolicy { refresh: true, ..pol };
+        let refresh = ResolvePolicy {
+            refresh: true,
+            ..pol
+        };
         assert_eq!(c.lookup("r/a:1", 100, refresh), Lookup::Resolve);
         let dref = format!("r/a@{d}");
         c.record(&dref, &d, 0);
