@@ -1,0 +1,198 @@
+#![allow(clippy::unwrap_used)]
+
+use std::fs;
+use std::path::Path;
+use std::time::Duration;
+
+use super::*;
+
+fn put(dir: &Path, name: &str, s: &str) {
+    fs::create_dir_all(dir).unwrap();
+    fs::write(dir.join(name), s).unwrap();
+}
+
+pub(crate) fn fake_v1(root: &Path) -> v1::V1 {
+    let (cpu, acct, mem) = (root.join("cpu"), root.join("cpuacct"), root.join("memory"));
+    put(&cpu, "cpu.cfs_quota_us", "50000\n");
+    put(&cpu, "cpu.cfs_period_us", "100000\n");
+    put(
+        &cpu,
+        "cpu.stat",
+        "nr_periods 10\nnr_throttled 4\nthrottled_time 123\n",
+    );
+    put(&acct, "cpuacct.usage", "5000000\n");
+    put(&mem, "memory.usage_in_bytes", "41943040\n");
+    put(
+        &mem,
+        "memory.stat",
+        "cache 0\ntotal_inactive_file 1048576\n",
+    );
+    put(&mem, "memory.failcnt", "3\n");
+    put(
+        &mem,
+        "memory.oom_control",
+        "oom_kill_disable 1\nunder_oom 1\noom_kill 2\n",
+    );
+    put(&mem, "memory.limit_in_bytes", "67108864\n");
+    put(&mem, "memory.memsw.limit_in_bytes", "67108864\n");
+    v1::V1 {
+        cpu,
+        cpuacct: acct,
+        memory: mem,
+    }
+}
+
+#[test]
+fn v1_reads_sample_and_limits() {
+    let t = tempfile::tempdir().unwrap();
+    let io = fake_v1(t.path());
+    let s = io.sample(Duration::from_millis(7)).unwrap();
+    assert_eq!(s.at, Duration::from_millis(7));
+    assert_eq!(
+        (s.cpu_usage_ns, s.cpu_periods, s.cpu_throttled),
+        (5_000_000, 10, 4)
+    );
+    assert_eq!((s.mem_usage, s.mem_working_set), (40 << 20, 39 << 20));
+    assert_eq!(
+        (s.mem_pressure_events, s.oom_events, s.under_oom),
+        (3, 2, true)
+    );
+    let l = io.limits().unwrap();
+    assert_eq!(
+        l.cpu,
+        CpuMax {
+            quota_us: Some(50_000),
+            period_us: 100_000
+        }
+    );
+    assert_eq!(l.cpu.millicores(), Some(500));
+    assert_eq!((l.memory, l.memsw), (Some(64 << 20), Some(64 << 20)));
+}
+
+#[test]
+fn v1_unlimited_and_writes() {
+    let t = tempfile::tempdir().unwrap();
+    let io = fake_v1(t.path());
+    put(&io.cpu, "cpu.cfs_quota_us", "-1\n");
+    put(&io.memory, "memory.limit_in_bytes", "9223372036854771712\n");
+    let l = io.limits().unwrap();
+    assert_eq!((l.cpu.quota_us, l.memory), (None, None));
+    io.write(&CgroupWrite::CpuMax(CpuMax {
+        quota_us: Some(200_000),
+        period_us: 100_000,
+    }))
+    .unwrap();
+    io.write(&CgroupWrite::MemswLimit(1 << 30)).unwrap();
+    io.write(&CgroupWrite::MemoryLimit(1 << 30)).unwrap();
+    io.write(&CgroupWrite::OomKillDisable(false)).unwrap();
+    assert_eq!(
+        fs::read_to_string(io.cpu.join("cpu.cfs_quota_us")).unwrap(),
+        "200000"
+    );
+    assert_eq!(
+        fs::read_to_string(io.memory.join("memory.limit_in_bytes")).unwrap(),
+        "1073741824"
+    );
+    assert_eq!(
+        fs::read_to_string(io.memory.join("memory.memsw.limit_in_bytes")).unwrap(),
+        "1073741824"
+    );
+    assert_eq!(
+        fs::read_to_string(io.memory.join("memory.oom_control")).unwrap(),
+        "0"
+    );
+    assert!(matches!(
+        io.write(&CgroupWrite::MemoryHigh(1)),
+        Err(CgroupError::Unsupported { .. })
+    ));
+}
+
+#[test]
+fn v2_reads_and_writes() {
+    let t = tempfile::tempdir().unwrap();
+    let d = t.path().to_path_buf();
+    put(&d, "cpu.stat", "usage_usec 2500\nuser_usec 2000\nsystem_usec 500\nnr_periods 7\nnr_throttled 1\nthrottled_usec 9\n");
+    put(&d, "cpu.max", "max 100000\n");
+    put(&d, "memory.current", "1048576\n");
+    put(&d, "memory.stat", "anon 1\ninactive_file 4096\n");
+    put(
+        &d,
+        "memory.events",
+        "low 0\nhigh 2\nmax 3\noom 1\noom_kill 1\n",
+    );
+    put(
+        &d,
+        "memory.pressure",
+        "some avg10=1.50 avg60=0 avg300=0 total=5\nfull avg10=0 avg60=0 avg300=0 total=0\n",
+    );
+    put(&d, "memory.max", "max\n");
+    put(&d, "memory.high", "max\n");
+    let io = v2::V2 { dir: d.clone() };
+    let s = io.sample(Duration::ZERO).unwrap();
+    assert_eq!(
+        (s.cpu_usage_ns, s.cpu_periods, s.cpu_throttled),
+        (2_500_000, 7, 1)
+    );
+    assert_eq!(
+        (s.mem_usage, s.mem_working_set),
+        (1 << 20, (1 << 20) - 4096)
+    );
+    assert_eq!((s.mem_pressure_events, s.oom_events), (5, 2));
+    assert_eq!(s.mem_psi_some_avg10, Some(1.5));
+    let l = io.limits().unwrap();
+    assert_eq!(
+        (l.cpu.quota_us, l.cpu.period_us, l.memory, l.memory_high),
+        (None, 100_000, None, None)
+    );
+    io.write(&CgroupWrite::CpuMax(CpuMax {
+        quota_us: Some(50_000),
+        period_us: 100_000,
+    }))
+    .unwrap();
+    io.write(&CgroupWrite::MemoryLimit(64 << 20)).unwrap();
+    io.write(&CgroupWrite::MemoryHigh(60 << 20)).unwrap();
+    assert_eq!(
+        fs::read_to_string(d.join("cpu.max")).unwrap(),
+        "50000 100000"
+    );
+    let l = io.limits().unwrap();
+    assert_eq!(
+        (l.cpu.millicores(), l.memory, l.memory_high),
+        (Some(500), Some(64 << 20), Some(60 << 20))
+    );
+    assert!(io.write(&CgroupWrite::MemswLimit(1)).is_err());
+}
+
+const MOUNTINFO: &str = "\
+25 30 0:22 / /sys rw,nosuid shared:7 - sysfs sysfs rw
+31 25 0:26 / /sys/fs/cgroup ro shared:9 - tmpfs tmpfs ro,mode=755
+32 31 0:27 / /sys/fs/cgroup/unified rw,nosuid shared:10 - cgroup2 cgroup2 rw,nsdelegate
+35 31 0:30 / /sys/fs/cgroup/cpu rw shared:14 - cgroup cgroup rw,cpu
+36 31 0:31 / /sys/fs/cgroup/cpuacct rw shared:15 - cgroup cgroup rw,cpuacct
+37 31 0:32 / /sys/fs/cgroup/memory rw shared:16 - cgroup cgroup rw,memory
+";
+
+#[test]
+fn detect_prefers_v1_memory_and_falls_back_to_unified() {
+    let pc = "4:memory:/t/s2\n2:cpuacct:/t/s2\n1:cpu:/t/s2\n0::/t/s2\n";
+    assert_eq!(
+        detect(1, pc, MOUNTINFO).unwrap(),
+        CgroupPaths::V1 {
+            cpu: "/sys/fs/cgroup/cpu/t/s2".into(),
+            cpuacct: "/sys/fs/cgroup/cpuacct/t/s2".into(),
+            memory: "/sys/fs/cgroup/memory/t/s2".into(),
+        }
+    );
+    assert_eq!(
+        detect(1, "0::/k/c\n", MOUNTINFO).unwrap(),
+        CgroupPaths::V2 {
+            dir: "/sys/fs/cgroup/unified/k/c".into()
+        }
+    );
+    let combined = "35 31 0:30 / /sys/fs/cgroup/cpu,cpuacct rw - cgroup cgroup rw,cpu,cpuacct\n37 31 0:32 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n";
+    let p = detect(1, "3:memory:/a\n2:cpu,cpuacct:/a\n", combined).unwrap();
+    assert!(
+        matches!(p, CgroupPaths::V1 { ref cpu, .. } if cpu == Path::new("/sys/fs/cgroup/cpu,cpuacct/a"))
+    );
+    assert!(detect(1, "1:name=systemd:/\n", "").is_err());
+}

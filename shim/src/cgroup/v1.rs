@@ -1,0 +1,102 @@
+//! cgroup v1: `cpu` (`cpu.cfs_quota_us`, `cpu.cfs_period_us`, `cpu.stat`), `cpuacct`
+//! (`cpuacct.usage`) and `memory` (`memory.usage_in_bytes`, `memory.stat`,
+//! `memory.failcnt`, `memory.oom_control`, `memory.limit_in_bytes`,
+//! `memory.memsw.limit_in_bytes`) in separate directories.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::{
+    keyed, limit_or_none, parse_u64, read, read_u64, write_file, CgroupError, CgroupIo,
+    CgroupVersion, CgroupWrite, CpuMax, Limits,
+};
+use crate::policy::Sample;
+
+/// A container's v1 cgroup directories (one per controller).
+#[derive(Debug, Clone)]
+pub struct V1 {
+    pub cpu: PathBuf,
+    pub cpuacct: PathBuf,
+    pub memory: PathBuf,
+}
+
+impl CgroupIo for V1 {
+    fn version(&self) -> CgroupVersion {
+        CgroupVersion::V1
+    }
+
+    fn sample(&self, at: Duration) -> Result<Sample, CgroupError> {
+        let cpu_usage_ns = read_u64(&self.cpuacct.join("cpuacct.usage"))?;
+        let stat = read(&self.cpu.join("cpu.stat"))?;
+        let mem_usage = read_u64(&self.memory.join("memory.usage_in_bytes"))?;
+        let mstat = read(&self.memory.join("memory.stat"))?;
+        let inactive = keyed(&mstat, "total_inactive_file").unwrap_or(0);
+        let failcnt = read_u64(&self.memory.join("memory.failcnt"))?;
+        let oom = read(&self.memory.join("memory.oom_control"))?;
+        Ok(Sample {
+            at,
+            cpu_usage_ns,
+            cpu_periods: keyed(&stat, "nr_periods").unwrap_or(0),
+            cpu_throttled: keyed(&stat, "nr_throttled").unwrap_or(0),
+            mem_usage,
+            mem_working_set: mem_usage.saturating_sub(inactive),
+            mem_pressure_events: failcnt,
+            oom_events: keyed(&oom, "oom_kill").unwrap_or(0),
+            under_oom: keyed(&oom, "under_oom").unwrap_or(0) != 0,
+            mem_psi_some_avg10: None,
+        })
+    }
+
+    fn limits(&self) -> Result<Limits, CgroupError> {
+        let qpath = self.cpu.join("cpu.cfs_quota_us");
+        let quota = read(&qpath)?;
+        let quota: i64 = quota.trim().parse().map_err(|_| CgroupError::Parse {
+            path: qpath.clone(),
+            content: quota.clone(),
+        })?;
+        let period_us = read_u64(&self.cpu.join("cpu.cfs_period_us"))?;
+        let memory = limit_or_none(read_u64(&self.memory.join("memory.limit_in_bytes"))?);
+        let sw = self.memory.join("memory.memsw.limit_in_bytes");
+        let memsw = match std::fs::read_to_string(&sw) {
+            Ok(s) => limit_or_none(parse_u64(&sw, &s)?),
+            Err(_) => None, // no swap accounting in this kernel
+        };
+        Ok(Limits {
+            cpu: CpuMax {
+                quota_us: (quota > 0).then_some(quota as u64),
+                period_us,
+            },
+            memory,
+            memsw,
+            memory_high: None,
+        })
+    }
+
+    fn write(&self, w: &CgroupWrite) -> Result<(), CgroupError> {
+        match w {
+            CgroupWrite::CpuMax(c) => {
+                let ppath = self.cpu.join("cpu.cfs_period_us");
+                if read_u64(&ppath)? != c.period_us {
+                    write_file(&ppath, &c.period_us.to_string())?;
+                }
+                let q = c.quota_us.map(|q| q.to_string()).unwrap_or("-1".into());
+                write_file(&self.cpu.join("cpu.cfs_quota_us"), &q)
+            }
+            CgroupWrite::MemoryLimit(v) => {
+                write_file(&self.memory.join("memory.limit_in_bytes"), &v.to_string())
+            }
+            CgroupWrite::MemswLimit(v) => write_file(
+                &self.memory.join("memory.memsw.limit_in_bytes"),
+                &v.to_string(),
+            ),
+            CgroupWrite::OomKillDisable(b) => write_file(
+                &self.memory.join("memory.oom_control"),
+                if *b { "1" } else { "0" },
+            ),
+            CgroupWrite::MemoryHigh(_) => Err(CgroupError::Unsupported {
+                write: w.clone(),
+                version: "v1",
+            }),
+        }
+    }
+}

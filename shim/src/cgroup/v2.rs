@@ -1,0 +1,117 @@
+//! cgroup v2: one directory with `cpu.stat` (`usage_usec`, `nr_periods`, `nr_throttled`),
+//! `cpu.max` (`"<quota|max> <period>"`; the kernel default is `max 100000`),
+//! `memory.current`, `memory.stat` (`inactive_file`), `memory.events` (`high`, `max`,
+//! `oom`, `oom_kill`), `memory.pressure` (PSI), `memory.max`, `memory.high`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::{
+    keyed, read, read_u64, write_file, CgroupError, CgroupIo, CgroupVersion, CgroupWrite, CpuMax,
+    Limits,
+};
+use crate::policy::Sample;
+
+/// A container's v2 cgroup directory.
+#[derive(Debug, Clone)]
+pub struct V2 {
+    pub dir: PathBuf,
+}
+
+fn max_or(path: &std::path::Path, s: &str) -> Result<Option<u64>, CgroupError> {
+    let s = s.trim();
+    if s == "max" {
+        return Ok(None);
+    }
+    super::parse_u64(path, s).map(Some)
+}
+
+/// `some avg10=` of a PSI file.
+fn psi_some_avg10(content: &str) -> Option<f64> {
+    let line = content.lines().find(|l| l.starts_with("some "))?;
+    let v = line
+        .split_whitespace()
+        .find_map(|kv| kv.strip_prefix("avg10="))?;
+    v.parse().ok()
+}
+
+impl CgroupIo for V2 {
+    fn version(&self) -> CgroupVersion {
+        CgroupVersion::V2
+    }
+
+    fn sample(&self, at: Duration) -> Result<Sample, CgroupError> {
+        let stat = read(&self.dir.join("cpu.stat"))?;
+        let mem_usage = read_u64(&self.dir.join("memory.current"))?;
+        let mstat = read(&self.dir.join("memory.stat"))?;
+        let events = read(&self.dir.join("memory.events"))?;
+        let psi = std::fs::read_to_string(self.dir.join("memory.pressure"))
+            .ok()
+            .and_then(|c| psi_some_avg10(&c));
+        let inactive = keyed(&mstat, "inactive_file").unwrap_or(0);
+        let ev = |k| keyed(&events, k).unwrap_or(0);
+        Ok(Sample {
+            at,
+            cpu_usage_ns: keyed(&stat, "usage_usec").unwrap_or(0).saturating_mul(1000),
+            cpu_periods: keyed(&stat, "nr_periods").unwrap_or(0),
+            cpu_throttled: keyed(&stat, "nr_throttled").unwrap_or(0),
+            mem_usage,
+            mem_working_set: mem_usage.saturating_sub(inactive),
+            mem_pressure_events: ev("high") + ev("max"),
+            oom_events: ev("oom") + ev("oom_kill"),
+            under_oom: false,
+            mem_psi_some_avg10: psi,
+        })
+    }
+
+    fn limits(&self) -> Result<Limits, CgroupError> {
+        let cpath = self.dir.join("cpu.max");
+        let cmax = read(&cpath)?;
+        let mut it = cmax.split_whitespace();
+        let quota_us = max_or(&cpath, it.next().unwrap_or("max"))?;
+        let period_us = match it.next() {
+            Some(p) => super::parse_u64(&cpath, p)?,
+            None => 100_000,
+        };
+        let mpath = self.dir.join("memory.max");
+        let memory = max_or(&mpath, &read(&mpath)?)?;
+        let hpath = self.dir.join("memory.high");
+        let memory_high = max_or(&hpath, &read(&hpath)?)?;
+        Ok(Limits {
+            cpu: CpuMax {
+                quota_us,
+                period_us,
+            },
+            memory,
+            memsw: None,
+            memory_high,
+        })
+    }
+
+    fn write(&self, w: &CgroupWrite) -> Result<(), CgroupError> {
+        match w {
+            CgroupWrite::CpuMax(c) => {
+                let q = c.quota_us.map(|q| q.to_string()).unwrap_or("max".into());
+                write_file(&self.dir.join("cpu.max"), &format!("{q} {}", c.period_us))
+            }
+            CgroupWrite::MemoryLimit(v) => write_file(&self.dir.join("memory.max"), &v.to_string()),
+            CgroupWrite::MemoryHigh(v) => write_file(&self.dir.join("memory.high"), &v.to_string()),
+            CgroupWrite::MemswLimit(_) | CgroupWrite::OomKillDisable(_) => {
+                Err(CgroupError::Unsupported {
+                    write: w.clone(),
+                    version: "v2",
+                })
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    #[test]
+    fn psi_parses_some_avg10() {
+        let c = "some avg10=12.50 avg60=1.00 avg300=0.00 total=1\nfull avg10=3.00 avg60=0 avg300=0 total=0\n";
+        assert_eq!(super::psi_some_avg10(c), Some(12.5));
+    }
+}

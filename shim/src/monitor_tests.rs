@@ -1,0 +1,153 @@
+#![allow(clippy::unwrap_used)]
+
+use std::fs;
+use std::time::Duration;
+
+use super::*;
+use crate::cgroup::v1::V1;
+
+fn setup(t: &std::path::Path) -> (V1, ShimConfig, StatusDir) {
+    let (cpu, acct, mem) = (t.join("cpu"), t.join("cpuacct"), t.join("memory"));
+    for d in [&cpu, &acct, &mem] {
+        fs::create_dir_all(d).unwrap();
+    }
+    fs::write(cpu.join("cpu.cfs_quota_us"), "50000").unwrap();
+    fs::write(cpu.join("cpu.cfs_period_us"), "100000").unwrap();
+    fs::write(cpu.join("cpu.stat"), "nr_periods 0\nnr_throttled 0\n").unwrap();
+    fs::write(acct.join("cpuacct.usage"), "0").unwrap();
+    fs::write(mem.join("memory.usage_in_bytes"), "1048576").unwrap();
+    fs::write(mem.join("memory.stat"), "total_inactive_file 0\n").unwrap();
+    fs::write(mem.join("memory.failcnt"), "0").unwrap();
+    fs::write(
+        mem.join("memory.oom_control"),
+        "oom_kill_disable 0\nunder_oom 0\noom_kill 0\n",
+    )
+    .unwrap();
+    fs::write(mem.join("memory.limit_in_bytes"), (64u64 << 20).to_string()).unwrap();
+    fs::write(
+        mem.join("memory.memsw.limit_in_bytes"),
+        (64u64 << 20).to_string(),
+    )
+    .unwrap();
+    let mut cfg = ShimConfig::default();
+    cfg.node.ledger_dir = t.join("ledger");
+    cfg.node.cpu_millicores = 8000;
+    cfg.node.memory_bytes = 8 << 30;
+    cfg.monitor.status_dir = t.join("status");
+    let sd = StatusDir::new(&cfg.monitor.status_dir, "ns", "c");
+    (
+        V1 {
+            cpu,
+            cpuacct: acct,
+            memory: mem,
+        },
+        cfg,
+        sd,
+    )
+}
+
+#[test]
+fn burst_raises_quota_in_one_round_and_records_it() {
+    let t = tempfile::tempdir().unwrap();
+    let (io, cfg, sd) = setup(t.path());
+    let cpu = io.cpu.clone();
+    let mem = io.memory.clone();
+    let acct = io.cpuacct.clone();
+    let mut m = Monitor::new("ns/c".into(), Box::new(io), cfg, sd.clone(), Duration::ZERO).unwrap();
+    assert_eq!(
+        fs::read_to_string(mem.join("memory.oom_control")).unwrap(),
+        "1",
+        "v1 freeze enabled"
+    );
+    assert_eq!(
+        m.round(Duration::from_millis(200)).unwrap(),
+        Outcome::Continue
+    );
+    // 200 ms at 2 threads against 0.5 core: fully throttled.
+    fs::write(acct.join("cpuacct.usage"), "100000000").unwrap();
+    fs::write(cpu.join("cpu.stat"), "nr_periods 2\nnr_throttled 2\n").unwrap();
+    m.round(Duration::from_millis(400)).unwrap();
+    assert_eq!(
+        fs::read_to_string(cpu.join("cpu.cfs_quota_us")).unwrap(),
+        "200000"
+    );
+    // Memory working set 50 MiB of 64: doubles, memsw first.
+    fs::write(mem.join("memory.usage_in_bytes"), (50u64 << 20).to_string()).unwrap();
+    m.round(Duration::from_millis(600)).unwrap();
+    assert_eq!(
+        fs::read_to_string(mem.join("memory.limit_in_bytes")).unwrap(),
+        (128u64 << 20).to_string()
+    );
+    assert_eq!(
+        fs::read_to_string(mem.join("memory.memsw.limit_in_bytes")).unwrap(),
+        (128u64 << 20).to_string()
+    );
+    let log = fs::read_to_string(sd.changes_path()).unwrap();
+    let lines: Vec<serde_json::Value> = log
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 2);
+    assert_eq!(lines[0]["resource"], "cpu");
+    assert_eq!(
+        (lines[0]["old"].as_u64(), lines[0]["new"].as_u64()),
+        (Some(500), Some(2000))
+    );
+    assert_eq!(lines[0]["t_ms"], 400);
+    assert_eq!(lines[0]["reason"]["kind"], "cpu_severe_throttled");
+    assert_eq!(lines[1]["resource"], "memory");
+    // The ledger knows the grant.
+    let f = Ledger::new(t.path().join("ledger")).read().unwrap();
+    assert_eq!(
+        f.entries["ns/c"].granted,
+        Res {
+            cpu_m: 2000,
+            mem: 128 << 20
+        }
+    );
+    m.release();
+    assert!(Ledger::new(t.path().join("ledger"))
+        .read()
+        .unwrap()
+        .entries
+        .is_empty());
+}
+
+#[test]
+fn preemption_shrinks_on_the_next_round() {
+    let t = tempfile::tempdir().unwrap();
+    let (io, cfg, sd) = setup(t.path());
+    let cpu = io.cpu.clone();
+    let acct = io.cpuacct.clone();
+    let mut m = Monitor::new("ns/c".into(), Box::new(io), cfg.clone(), sd, Duration::ZERO).unwrap();
+    m.round(Duration::from_millis(200)).unwrap();
+    fs::write(acct.join("cpuacct.usage"), "100000000").unwrap();
+    fs::write(cpu.join("cpu.stat"), "nr_periods 2\nnr_throttled 2\n").unwrap();
+    m.round(Duration::from_millis(400)).unwrap();
+    assert_eq!(m.current().cpu.unwrap().value, 2000);
+    // Another container is admitted needing 7000 of 8000 millicores.
+    let ledger = Ledger::new(&cfg.node.ledger_dir);
+    let cap = node_capacity(&cfg);
+    let adm = ledger
+        .transact(|f| {
+            f.admit(
+                "ns/new",
+                std::process::id(),
+                crate::ledger::process_start(std::process::id()).unwrap(),
+                Res {
+                    cpu_m: 7000,
+                    mem: 0,
+                },
+                &cap,
+                0,
+            )
+        })
+        .unwrap();
+    assert_eq!(adm.preempted.len(), 1);
+    m.round(Duration::from_millis(600)).unwrap();
+    assert_eq!(m.current().cpu.unwrap().value, 1000);
+    assert_eq!(
+        fs::read_to_string(cpu.join("cpu.cfs_quota_us")).unwrap(),
+        "100000"
+    );
+}

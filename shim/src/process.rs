@@ -1,0 +1,100 @@
+//! Processes of a task: the init process and execs, their status and exit.
+//!
+//! An exit is delivered once through a `watch` channel so any number of `Wait` calls see
+//! it. Exits that arrive before the pid is known (a short exec) are parked in
+//! [`EarlyExits`] and claimed when the pid is registered.
+
+use std::collections::VecDeque;
+
+use containerd_shim::api::Status as TaskStatus;
+use containerd_shim::protos::protobuf::well_known_types::timestamp::Timestamp;
+use tokio::sync::watch;
+
+use crate::runc::FifoIo;
+
+/// Exit of a process: status and time.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Exit {
+    pub status: u32,
+    pub at: Timestamp,
+}
+
+/// One process of a task.
+#[derive(Debug)]
+pub struct Process {
+    pub exec_id: String,
+    pub pid: i32,
+    pub status: TaskStatus,
+    pub stdio: FifoIo,
+    pub stdin: String,
+    pub stdout: String,
+    pub stderr: String,
+    pub terminal: bool,
+    /// Exec only: the OCI process JSON.
+    pub spec: Option<Vec<u8>>,
+    pub exit: Option<Exit>,
+    tx: watch::Sender<Option<Exit>>,
+}
+
+impl Process {
+    pub fn new(exec_id: &str, stdin: &str, stdout: &str, stderr: &str, terminal: bool) -> Process {
+        let (tx, _) = watch::channel(None);
+        Process {
+            exec_id: exec_id.to_string(),
+            pid: 0,
+            status: TaskStatus::CREATED,
+            stdio: FifoIo::new(stdin, stdout, stderr),
+            stdin: stdin.to_string(),
+            stdout: stdout.to_string(),
+            stderr: stderr.to_string(),
+            terminal,
+            spec: None,
+            exit: None,
+            tx,
+        }
+    }
+
+    /// Marks the process stopped and wakes waiters.
+    pub fn set_exited(&mut self, status: u32, at: Timestamp) {
+        let e = Exit { status, at };
+        self.status = TaskStatus::STOPPED;
+        self.exit = Some(e.clone());
+        self.tx.send_replace(Some(e));
+    }
+
+    pub fn subscribe(&self) -> watch::Receiver<Option<Exit>> {
+        self.tx.subscribe()
+    }
+}
+
+/// Waits until the process behind `rx` has exited.
+pub async fn wait_exit(mut rx: watch::Receiver<Option<Exit>>) -> Option<Exit> {
+    loop {
+        if let Some(e) = rx.borrow().clone() {
+            return Some(e);
+        }
+        if rx.changed().await.is_err() {
+            return rx.borrow().clone();
+        }
+    }
+}
+
+/// Exits of pids not (yet) known to the service; bounded.
+#[derive(Debug, Default)]
+pub struct EarlyExits {
+    items: VecDeque<(i32, i32)>,
+}
+
+impl EarlyExits {
+    const CAP: usize = 256;
+    pub fn push(&mut self, pid: i32, code: i32) {
+        if self.items.len() == Self::CAP {
+            self.items.pop_front();
+        }
+        self.items.push_back((pid, code));
+    }
+    pub fn take(&mut self, pid: i32) -> Option<i32> {
+        let i = self.items.iter().position(|(p, _)| *p == pid)?;
+        self.items.remove(i).map(|(_, c)| c)
+    }
+}

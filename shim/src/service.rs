@@ -1,0 +1,906 @@
+//! The containerd shim v2 task service (`containerd.task.v2.Task`) for runc containers,
+//! plus the [`Shim`] lifecycle (start/delete of the shim binary itself).
+//!
+//! Task API: create, start, state, wait, kill, delete, pids, connect, shutdown, exec,
+//! stats, update, pause, resume, close_io. TTY (`terminal=true`) and resize_pty answer
+//! `Unimplemented`. Every container gets an elastic [`Monitor`] (see `monitor.rs`)
+//! started with the task; exits come from the shim's reaper through the monitor
+//! subscription (`exits.rs`-style loop in [`TaskService::watch_exits`]).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use containerd_shim::api::{
+    ConnectRequest, ConnectResponse, CreateTaskRequest, CreateTaskResponse, DeleteRequest, Empty,
+    ExecProcessRequest, KillRequest, PidsRequest, PidsResponse, StartRequest, StartResponse,
+    StateRequest, StateResponse, Status as TaskStatus, WaitRequest, WaitResponse,
+};
+use containerd_shim::asynchronous::monitor::monitor_subscribe;
+use containerd_shim::asynchronous::publisher::RemotePublisher;
+use containerd_shim::asynchronous::{spawn, ExitSignal, Shim};
+use containerd_shim::monitor::{Subject, Topic};
+use containerd_shim::protos::events::task::{
+    TaskCreate, TaskDelete, TaskExecAdded, TaskExecStarted, TaskExit, TaskIO, TaskPaused,
+    TaskResumed, TaskStart,
+};
+use containerd_shim::protos::protobuf::MessageDyn;
+use containerd_shim::protos::shim::shim::{
+    CloseIORequest, PauseRequest, ResizePtyRequest, ResumeRequest, ShutdownRequest, StatsRequest,
+    StatsResponse, UpdateTaskRequest,
+};
+use containerd_shim::protos::topics;
+use containerd_shim::protos::ttrpc::{self, r#async::TtrpcContext};
+use containerd_shim::util::{mount_rootfs, read_pid_from_file, timestamp, write_str_to_file};
+use containerd_shim::{Config, DeleteResponse, Flags, StartOpts, Task, TtrpcResult};
+use runc::options::{CreateOpts, DeleteOpts, ExecOpts, KillOpts};
+use runc::Runc;
+use tokio::sync::{mpsc, watch, Mutex};
+use tracing::{error, info, warn};
+
+use crate::cgroup;
+use crate::config::ShimConfig;
+use crate::monitor::{Monitor, Outcome};
+use crate::process::{wait_exit, EarlyExits, Process};
+use crate::runc::{client, describe, FifoIo};
+use crate::stats::metrics_any;
+use crate::status::{Status, StatusDir};
+
+/// Runtime name containerd uses for this shim.
+pub const RUNTIME_ID: &str = "io.containerd.weenv.v1";
+
+fn rpc_err(code: ttrpc::Code, msg: impl Into<String>) -> ttrpc::Error {
+    ttrpc::Error::RpcStatus(ttrpc::get_status(code, msg.into()))
+}
+
+fn not_found(what: &str) -> ttrpc::Error {
+    rpc_err(ttrpc::Code::NOT_FOUND, format!("{what} not found"))
+}
+
+type Event = (&'static str, Box<dyn MessageDyn>);
+
+struct Container {
+    id: String,
+    bundle: PathBuf,
+    runc: Arc<Runc>,
+    init: Process,
+    execs: HashMap<String, Process>,
+    monitor: Option<Arc<std::sync::Mutex<Monitor>>>,
+    stop_monitor: Option<watch::Sender<bool>>,
+    status_dir: StatusDir,
+    status: Status,
+    cfg: ShimConfig,
+    /// Set when the shim terminated the task (readable reason).
+    terminated: Option<String>,
+}
+
+#[derive(Default)]
+struct State {
+    containers: HashMap<String, Container>,
+    early: EarlyExits,
+}
+
+struct Inner {
+    namespace: String,
+    exit: Arc<ExitSignal>,
+    events: mpsc::UnboundedSender<Event>,
+    state: Mutex<State>,
+    clock: Instant,
+}
+
+/// The task service served over ttrpc.
+#[derive(Clone)]
+pub struct TaskService {
+    inner: Arc<Inner>,
+}
+
+/// The shim lifecycle object.
+pub struct Service {
+    namespace: String,
+    id: String,
+    exit: Arc<ExitSignal>,
+}
+
+fn runc_root(namespace: &str) -> PathBuf {
+    Path::new("/run/containerd/runc").join(namespace)
+}
+
+#[async_trait]
+impl Shim for Service {
+    type T = TaskService;
+
+    async fn new(_runtime_id: &str, args: &Flags, config: &mut Config) -> Self {
+        config.no_setup_logger = true;
+        Service {
+            namespace: args.namespace.clone(),
+            id: args.id.clone(),
+            exit: Arc::new(ExitSignal::default()),
+        }
+    }
+
+    async fn start_shim(&mut self, opts: StartOpts) -> Result<String, containerd_shim::Error> {
+        let grouping = opts.id.clone();
+        let address = spawn(opts, &grouping, Vec::new()).await?;
+        write_str_to_file("address", &address).await?;
+        Ok(address)
+    }
+
+    async fn delete_shim(&mut self) -> Result<DeleteResponse, containerd_shim::Error> {
+        // containerd runs `delete` in the bundle dir after the shim died.
+        let bundle = std::env::current_dir().unwrap_or_default();
+        if let Ok(r) = client("runc", &runc_root(&self.namespace), &bundle) {
+            let _ = r.delete(&self.id, Some(&DeleteOpts { force: true })).await;
+        }
+        let rootfs = bundle.join("rootfs");
+        let _ = containerd_shim::mount::umount_recursive(rootfs.to_str(), 0);
+        let mut resp = DeleteResponse::new();
+        resp.exit_status = 137;
+        resp.exited_at = Some(timestamp()?).into();
+        Ok(resp)
+    }
+
+    async fn wait(&mut self) {
+        self.exit.wait().await
+    }
+
+    async fn create_task_service(&self, publisher: RemotePublisher) -> TaskService {
+        crate::logging::init_fifo_logger();
+        let (tx, mut rx) = mpsc::unbounded_channel::<Event>();
+        let ns = self.namespace.clone();
+        tokio::spawn(async move {
+            while let Some((topic, ev)) = rx.recv().await {
+                let ctx = ttrpc::context::with_duration(Duration::from_secs(5));
+                if let Err(e) = publisher.publish(ctx, topic, &ns, ev).await {
+                    warn!(topic, error = %e, "publish event");
+                }
+            }
+        });
+        let svc = TaskService {
+            inner: Arc::new(Inner {
+                namespace: self.namespace.clone(),
+                exit: self.exit.clone(),
+                events: tx,
+                state: Mutex::new(State::default()),
+                clock: Instant::now(),
+            }),
+        };
+        let watcher = svc.clone();
+        tokio::spawn(async move { watcher.watch_exits().await });
+        svc
+    }
+}
+
+impl TaskService {
+    fn publish(&self, topic: &'static str, ev: Box<dyn MessageDyn>) {
+        let _ = self.inner.events.send((topic, ev));
+    }
+
+    async fn watch_exits(&self) {
+        let mut sub = match monitor_subscribe(Topic::Pid).await {
+            Ok(s) => s,
+            Err(e) => {
+                error!(error = %e, "cannot subscribe to process exits; tasks will never be reported as exited");
+                return;
+            }
+        };
+        while let Some(ev) = sub.rx.recv().await {
+            if let Subject::Pid(pid) = ev.subject {
+                self.on_exit(pid, ev.exit_code).await;
+            }
+        }
+    }
+
+    async fn on_exit(&self, pid: i32, code: i32) {
+        let mut st = self.inner.state.lock().await;
+        let at = timestamp().unwrap_or_default();
+        for c in st.containers.values_mut() {
+            if c.init.pid == pid && c.init.exit.is_none() {
+                let status = match &c.terminated {
+                    Some(_) => c.cfg.monitor.terminate_exit_code,
+                    None => code as u32,
+                };
+                c.init.set_exited(status, at.clone());
+                if let Some(s) = c.stop_monitor.take() {
+                    let _ = s.send(true);
+                }
+                c.status.state = if c.terminated.is_some() {
+                    "terminated"
+                } else {
+                    "exited"
+                }
+                .into();
+                c.status.exit_status = Some(status);
+                if let Err(e) = c.status_dir.write(&c.status) {
+                    warn!(error = %e, "write status");
+                }
+                info!(id = %c.id, pid, status, "init process exited");
+                let ev = TaskExit {
+                    container_id: c.id.clone(),
+                    id: c.id.clone(),
+                    pid: pid as u32,
+                    exit_status: status,
+                    exited_at: Some(at).into(),
+                    ..Default::default()
+                };
+                self.publish(topics::TASK_EXIT_EVENT_TOPIC, Box::new(ev));
+                return;
+            }
+            if let Some(p) = c
+                .execs
+                .values_mut()
+                .find(|p| p.pid == pid && p.exit.is_none())
+            {
+                p.set_exited(code as u32, at.clone());
+                let ev = TaskExit {
+                    container_id: c.id.clone(),
+                    id: p.exec_id.clone(),
+                    pid: pid as u32,
+                    exit_status: code as u32,
+                    exited_at: Some(at).into(),
+                    ..Default::default()
+                };
+                self.publish(topics::TASK_EXIT_EVENT_TOPIC, Box::new(ev));
+                return;
+            }
+        }
+        st.early.push(pid, code);
+    }
+
+    /// Runs the elastic loop of container `id` until stopped or the task must die.
+    fn spawn_monitor(
+        &self,
+        id: String,
+        mon: Arc<std::sync::Mutex<Monitor>>,
+        interval: Duration,
+        mut stop: watch::Receiver<bool>,
+    ) {
+        let svc = self.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(interval);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+            let mut errors = 0u64;
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => {}
+                    _ = stop.changed() => break,
+                }
+                if *stop.borrow() {
+                    break;
+                }
+                let now = svc.inner.clock.elapsed();
+                let out = match mon.lock() {
+                    Ok(mut m) => m.round(now),
+                    Err(_) => break,
+                };
+                match out {
+                    Ok(Outcome::Continue) => {}
+                    Ok(Outcome::Terminate(reason)) => {
+                        svc.terminate(&id, reason).await;
+                        break;
+                    }
+                    Err(e) => {
+                        errors += 1;
+                        if errors.is_power_of_two() {
+                            warn!(id = %id, error = %e, errors, "elastic monitor round failed");
+                        }
+                    }
+                }
+            }
+        });
+    }
+
+    /// Kills the task for a reason the user must see (status file, log, exit status).
+    async fn terminate(&self, id: &str, reason: String) {
+        let mut st = self.inner.state.lock().await;
+        let Some(c) = st.containers.get_mut(id) else {
+            return;
+        };
+        error!(id, reason = %reason, exit_status = c.cfg.monitor.terminate_exit_code, "weenv terminates the task");
+        c.terminated = Some(reason.clone());
+        c.status.state = "terminating".into();
+        c.status.reason = Some(reason);
+        c.status.exit_status = Some(c.cfg.monitor.terminate_exit_code);
+        let _ = c.status_dir.write(&c.status);
+        if let Some(m) = &c.monitor {
+            if let Ok(m) = m.lock() {
+                // v1: let the kernel OOM killer act on frozen tasks as well.
+                let _ = m.io().write(&cgroup::CgroupWrite::OomKillDisable(false));
+            }
+        }
+        let runc = c.runc.clone();
+        let cid = c.id.clone();
+        drop(st);
+        if let Err(e) = runc.kill(&cid, 9, Some(&KillOpts { all: true })).await {
+            warn!(id, error = %e, "kill terminated task");
+        }
+    }
+
+    fn status_of(p: &Process) -> TaskStatus {
+        p.status
+    }
+
+    async fn create_inner(&self, req: &CreateTaskRequest) -> Result<CreateTaskResponse, String> {
+        let bundle = PathBuf::from(&req.bundle);
+        let spec = oci_spec::runtime::Spec::load(bundle.join("config.json"))
+            .map_err(|e| format!("read OCI spec in {}: {e}", bundle.display()))?;
+        let annotations = spec.annotations().clone().unwrap_or_default();
+        let mut cfg = ShimConfig::load_default().map_err(|e| e.to_string())?;
+        cfg.apply_annotations(&annotations)
+            .map_err(|e| e.to_string())?;
+        if req.terminal {
+            return Err(
+                "weenv shim: TTY (terminal=true) is not supported yet; run without -t".into(),
+            );
+        }
+        let rootfs = bundle.join("rootfs");
+        std::fs::create_dir_all(&rootfs).map_err(|e| format!("mkdir {}: {e}", rootfs.display()))?;
+        for m in &req.rootfs {
+            mount_rootfs(m, &rootfs)
+                .await
+                .map_err(|e| format!("mount rootfs: {e}"))?;
+        }
+        let runc = Arc::new(
+            client("runc", &runc_root(&self.inner.namespace), &bundle)
+                .map_err(|e| format!("runc client: {e}"))?,
+        );
+        let mut init = Process::new("", &req.stdin, &req.stdout, &req.stderr, req.terminal);
+        let pid_file = bundle.join("init.pid");
+        let opts = CreateOpts::new()
+            .pid_file(&pid_file)
+            .io(Arc::new(init.stdio.clone()));
+        if let Err(e) = runc.create(&req.id, &bundle, Some(&opts)).await {
+            let _ = containerd_shim::mount::umount_recursive(rootfs.to_str(), 0);
+            return Err(describe("create", &bundle, &e));
+        }
+        let pid = read_pid_from_file(&pid_file)
+            .await
+            .map_err(|e| format!("read {}: {e}", pid_file.display()))?;
+        init.pid = pid;
+        let status_dir = StatusDir::new(&cfg.monitor.status_dir, &self.inner.namespace, &req.id);
+        if let Err(e) = status_dir.reset() {
+            warn!(error = %e, "status dir");
+        }
+        let key = format!("{}/{}", self.inner.namespace, req.id);
+        let now = self.inner.clock.elapsed();
+        let monitor = match cgroup::open(pid)
+            .map_err(crate::monitor::MonitorError::from)
+            .and_then(|io| Monitor::new(key, io, cfg.clone(), status_dir.clone(), now))
+        {
+            Ok(m) => Some(Arc::new(std::sync::Mutex::new(m))),
+            Err(e) => {
+                warn!(id = %req.id, error = %e, "elastic provisioning disabled for this container");
+                None
+            }
+        };
+        let mut status = Status {
+            namespace: self.inner.namespace.clone(),
+            id: req.id.clone(),
+            state: "created".into(),
+            ..Default::default()
+        };
+        if let Some(m) = &monitor {
+            if let Ok(m) = m.lock() {
+                status.cgroup = Some(m.io().version().as_str().to_string());
+                status.elastic = m.is_elastic();
+                status.cpu_millicores = m.current().cpu.map(|t| t.value);
+                status.memory_bytes = m.current().mem.map(|t| t.value);
+            }
+        }
+        let _ = status_dir.write(&status);
+        let c = Container {
+            id: req.id.clone(),
+            bundle: bundle.clone(),
+            runc,
+            init,
+            execs: HashMap::new(),
+            monitor,
+            stop_monitor: None,
+            status_dir,
+            status,
+            cfg,
+            terminated: None,
+        };
+        self.inner
+            .state
+            .lock()
+            .await
+            .containers
+            .insert(req.id.clone(), c);
+        let ev = TaskCreate {
+            container_id: req.id.clone(),
+            bundle: req.bundle.clone(),
+            rootfs: req.rootfs.clone(),
+            io: Some(TaskIO {
+                stdin: req.stdin.clone(),
+                stdout: req.stdout.clone(),
+                stderr: req.stderr.clone(),
+                terminal: req.terminal,
+                ..Default::default()
+            })
+            .into(),
+            pid: pid as u32,
+            ..Default::default()
+        };
+        self.publish(topics::TASK_CREATE_EVENT_TOPIC, Box::new(ev));
+        Ok(CreateTaskResponse {
+            pid: pid as u32,
+            ..Default::default()
+        })
+    }
+}
+
+#[async_trait]
+impl Task for TaskService {
+    async fn create(
+        &self,
+        _ctx: &TtrpcContext,
+        req: CreateTaskRequest,
+    ) -> TtrpcResult<CreateTaskResponse> {
+        info!(id = %req.id, bundle = %req.bundle, "create");
+        self.create_inner(&req).await.map_err(|m| {
+            error!(id = %req.id, error = %m, "create failed");
+            rpc_err(ttrpc::Code::UNKNOWN, m)
+        })
+    }
+
+    async fn start(&self, _ctx: &TtrpcContext, req: StartRequest) -> TtrpcResult<StartResponse> {
+        let mut st = self.inner.state.lock().await;
+        let c = st
+            .containers
+            .get_mut(&req.id)
+            .ok_or_else(|| not_found("container"))?;
+        let runc = c.runc.clone();
+        if req.exec_id.is_empty() {
+            runc.start(&req.id)
+                .await
+                .map_err(|e| rpc_err(ttrpc::Code::UNKNOWN, describe("start", &c.bundle, &e)))?;
+            if c.init.exit.is_none() {
+                c.init.status = TaskStatus::RUNNING;
+            }
+            c.status.state = "running".into();
+            let _ = c.status_dir.write(&c.status);
+            if let Some(m) = c.monitor.clone() {
+                let (tx, rx) = watch::channel(false);
+                c.stop_monitor = Some(tx);
+                let iv = Duration::from_millis(c.cfg.monitor.interval_ms);
+                self.spawn_monitor(req.id.clone(), m, iv, rx);
+            }
+            let pid = c.init.pid as u32;
+            self.publish(
+                topics::TASK_START_EVENT_TOPIC,
+                Box::new(TaskStart {
+                    container_id: req.id.clone(),
+                    pid,
+                    ..Default::default()
+                }),
+            );
+            return Ok(StartResponse {
+                pid,
+                ..Default::default()
+            });
+        }
+        let bundle = c.bundle.clone();
+        let p = c.execs.get(&req.exec_id).ok_or_else(|| not_found("exec"))?;
+        let spec: oci_spec::runtime::Process =
+            serde_json::from_slice(p.spec.as_deref().unwrap_or_default()).map_err(|e| {
+                rpc_err(
+                    ttrpc::Code::INVALID_ARGUMENT,
+                    format!("exec process spec: {e}"),
+                )
+            })?;
+        let pid_file = bundle.join(format!("{}.pid", req.exec_id));
+        let opts = ExecOpts::new()
+            .io(Arc::new(p.stdio.clone()))
+            .pid_file(&pid_file)
+            .detach(true);
+        drop(st);
+        runc.exec(&req.id, &spec, Some(&opts))
+            .await
+            .map_err(|e| rpc_err(ttrpc::Code::UNKNOWN, describe("exec", &bundle, &e)))?;
+        let pid = read_pid_from_file(&pid_file)
+            .await
+            .map_err(|e| rpc_err(ttrpc::Code::UNKNOWN, e.to_string()))?;
+        let mut st = self.inner.state.lock().await;
+        let early = st.early.take(pid);
+        let c = st
+            .containers
+            .get_mut(&req.id)
+            .ok_or_else(|| not_found("container"))?;
+        let p = c
+            .execs
+            .get_mut(&req.exec_id)
+            .ok_or_else(|| not_found("exec"))?;
+        p.pid = pid;
+        p.status = TaskStatus::RUNNING;
+        self.publish(
+            topics::TASK_EXEC_STARTED_EVENT_TOPIC,
+            Box::new(TaskExecStarted {
+                container_id: req.id.clone(),
+                exec_id: req.exec_id.clone(),
+                pid: pid as u32,
+                ..Default::default()
+            }),
+        );
+        if let Some(code) = early {
+            p.set_exited(code as u32, timestamp().unwrap_or_default());
+        }
+        Ok(StartResponse {
+            pid: pid as u32,
+            ..Default::default()
+        })
+    }
+
+    async fn state(&self, _ctx: &TtrpcContext, req: StateRequest) -> TtrpcResult<StateResponse> {
+        let st = self.inner.state.lock().await;
+        let c = st
+            .containers
+            .get(&req.id)
+            .ok_or_else(|| not_found("container"))?;
+        let p = if req.exec_id.is_empty() {
+            &c.init
+        } else {
+            c.execs.get(&req.exec_id).ok_or_else(|| not_found("exec"))?
+        };
+        let mut r = StateResponse {
+            id: if req.exec_id.is_empty() {
+                req.id.clone()
+            } else {
+                req.exec_id.clone()
+            },
+            bundle: c.bundle.display().to_string(),
+            pid: p.pid.max(0) as u32,
+            stdin: p.stdin.clone(),
+            stdout: p.stdout.clone(),
+            stderr: p.stderr.clone(),
+            terminal: p.terminal,
+            exec_id: req.exec_id.clone(),
+            ..Default::default()
+        };
+        r.status = Self::status_of(p).into();
+        if let Some(e) = &p.exit {
+            r.exit_status = e.status;
+            r.exited_at = Some(e.at.clone()).into();
+        }
+        Ok(r)
+    }
+
+    async fn wait(&self, _ctx: &TtrpcContext, req: WaitRequest) -> TtrpcResult<WaitResponse> {
+        let rx = {
+            let st = self.inner.state.lock().await;
+            let c = st
+                .containers
+                .get(&req.id)
+                .ok_or_else(|| not_found("container"))?;
+            let p = if req.exec_id.is_empty() {
+                &c.init
+            } else {
+                c.execs.get(&req.exec_id).ok_or_else(|| not_found("exec"))?
+            };
+            p.subscribe()
+        };
+        let e = wait_exit(rx).await.ok_or_else(|| {
+            rpc_err(
+                ttrpc::Code::UNKNOWN,
+                "process went away before its exit was seen",
+            )
+        })?;
+        Ok(WaitResponse {
+            exit_status: e.status,
+            exited_at: Some(e.at).into(),
+            ..Default::default()
+        })
+    }
+
+    async fn kill(&self, _ctx: &TtrpcContext, req: KillRequest) -> TtrpcResult<Empty> {
+        let st = self.inner.state.lock().await;
+        let c = st
+            .containers
+            .get(&req.id)
+            .ok_or_else(|| not_found("container"))?;
+        if req.exec_id.is_empty() {
+            if c.init.exit.is_some() {
+                return Err(rpc_err(ttrpc::Code::NOT_FOUND, "process already finished"));
+            }
+            let runc = c.runc.clone();
+            let bundle = c.bundle.clone();
+            drop(st);
+            runc.kill(&req.id, req.signal, Some(&KillOpts { all: req.all }))
+                .await
+                .map_err(|e| rpc_err(ttrpc::Code::UNKNOWN, describe("kill", &bundle, &e)))?;
+            return Ok(Empty::new());
+        }
+        let p = c.execs.get(&req.exec_id).ok_or_else(|| not_found("exec"))?;
+        if p.exit.is_some() || p.pid <= 0 {
+            return Err(rpc_err(ttrpc::Code::NOT_FOUND, "process already finished"));
+        }
+        // SAFETY: kill(2) on a pid of a live exec process we started; no memory passed.
+        let rc = unsafe { libc::kill(p.pid, req.signal as i32) };
+        if rc != 0 {
+            return Err(rpc_err(
+                ttrpc::Code::UNKNOWN,
+                format!(
+                    "kill exec {}: {}",
+                    req.exec_id,
+                    std::io::Error::last_os_error()
+                ),
+            ));
+        }
+        Ok(Empty::new())
+    }
+
+    async fn delete(&self, _ctx: &TtrpcContext, req: DeleteRequest) -> TtrpcResult<DeleteResponse> {
+        let mut st = self.inner.state.lock().await;
+        if !req.exec_id.is_empty() {
+            let c = st
+                .containers
+                .get_mut(&req.id)
+                .ok_or_else(|| not_found("container"))?;
+            let p = c
+                .execs
+                .remove(&req.exec_id)
+                .ok_or_else(|| not_found("exec"))?;
+            let e = p.exit.clone().unwrap_or(crate::process::Exit {
+                status: 0,
+                at: timestamp().unwrap_or_default(),
+            });
+            return Ok(DeleteResponse {
+                pid: p.pid.max(0) as u32,
+                exit_status: e.status,
+                exited_at: Some(e.at).into(),
+                ..Default::default()
+            });
+        }
+        let c = st
+            .containers
+            .remove(&req.id)
+            .ok_or_else(|| not_found("container"))?;
+        drop(st);
+        if let Err(e) = c
+            .runc
+            .delete(&req.id, Some(&DeleteOpts { force: true }))
+            .await
+        {
+            warn!(id = %req.id, error = %describe("delete", &c.bundle, &e), "runc delete");
+        }
+        let rootfs = c.bundle.join("rootfs");
+        if let Err(e) = containerd_shim::mount::umount_recursive(rootfs.to_str(), 0) {
+            warn!(id = %req.id, error = %e, "unmount rootfs");
+        }
+        if let Some(s) = &c.stop_monitor {
+            let _ = s.send(true);
+        }
+        if let Some(m) = &c.monitor {
+            if let Ok(m) = m.lock() {
+                m.release();
+            }
+        }
+        let e = c.init.exit.clone().unwrap_or(crate::process::Exit {
+            status: 137,
+            at: timestamp().unwrap_or_default(),
+        });
+        self.publish(
+            topics::TASK_DELETE_EVENT_TOPIC,
+            Box::new(TaskDelete {
+                container_id: req.id.clone(),
+                id: req.id.clone(),
+                pid: c.init.pid as u32,
+                exit_status: e.status,
+                exited_at: Some(e.at.clone()).into(),
+                ..Default::default()
+            }),
+        );
+        Ok(DeleteResponse {
+            pid: c.init.pid as u32,
+            exit_status: e.status,
+            exited_at: Some(e.at).into(),
+            ..Default::default()
+        })
+    }
+
+    async fn pids(&self, _ctx: &TtrpcContext, req: PidsRequest) -> TtrpcResult<PidsResponse> {
+        let (runc, bundle) = {
+            let st = self.inner.state.lock().await;
+            let c = st
+                .containers
+                .get(&req.id)
+                .ok_or_else(|| not_found("container"))?;
+            (c.runc.clone(), c.bundle.clone())
+        };
+        let pids = runc
+            .ps(&req.id)
+            .await
+            .map_err(|e| rpc_err(ttrpc::Code::UNKNOWN, describe("ps", &bundle, &e)))?;
+        let processes = pids
+            .into_iter()
+            .map(|pid| containerd_shim::protos::types::task::ProcessInfo {
+                pid: pid as u32,
+                ..Default::default()
+            })
+            .collect();
+        Ok(PidsResponse {
+            processes,
+            ..Default::default()
+        })
+    }
+
+    async fn pause(&self, _ctx: &TtrpcContext, req: PauseRequest) -> TtrpcResult<Empty> {
+        let mut st = self.inner.state.lock().await;
+        let c = st
+            .containers
+            .get_mut(&req.id)
+            .ok_or_else(|| not_found("container"))?;
+        c.runc
+            .pause(&req.id)
+            .await
+            .map_err(|e| rpc_err(ttrpc::Code::UNKNOWN, describe("pause", &c.bundle, &e)))?;
+        c.init.status = TaskStatus::PAUSED;
+        self.publish(
+            topics::TASK_PAUSED_EVENT_TOPIC,
+            Box::new(TaskPaused {
+                container_id: req.id.clone(),
+                ..Default::default()
+            }),
+        );
+        Ok(Empty::new())
+    }
+
+    async fn resume(&self, _ctx: &TtrpcContext, req: ResumeRequest) -> TtrpcResult<Empty> {
+        let mut st = self.inner.state.lock().await;
+        let c = st
+            .containers
+            .get_mut(&req.id)
+            .ok_or_else(|| not_found("container"))?;
+        c.runc
+            .resume(&req.id)
+            .await
+            .map_err(|e| rpc_err(ttrpc::Code::UNKNOWN, describe("resume", &c.bundle, &e)))?;
+        c.init.status = TaskStatus::RUNNING;
+        self.publish(
+            topics::TASK_RESUMED_EVENT_TOPIC,
+            Box::new(TaskResumed {
+                container_id: req.id.clone(),
+                ..Default::default()
+            }),
+        );
+        Ok(Empty::new())
+    }
+
+    async fn exec(&self, _ctx: &TtrpcContext, req: ExecProcessRequest) -> TtrpcResult<Empty> {
+        if req.terminal {
+            return Err(rpc_err(
+                ttrpc::Code::UNIMPLEMENTED,
+                "weenv shim: exec with a TTY is not supported yet",
+            ));
+        }
+        let mut st = self.inner.state.lock().await;
+        let c = st
+            .containers
+            .get_mut(&req.id)
+            .ok_or_else(|| not_found("container"))?;
+        if c.execs.contains_key(&req.exec_id) {
+            return Err(rpc_err(
+                ttrpc::Code::ALREADY_EXISTS,
+                format!("exec {} already exists", req.exec_id),
+            ));
+        }
+        let mut p = Process::new(&req.exec_id, &req.stdin, &req.stdout, &req.stderr, false);
+        p.spec = Some(
+            req.spec
+                .as_ref()
+                .map(|a| a.value.clone())
+                .unwrap_or_default(),
+        );
+        c.execs.insert(req.exec_id.clone(), p);
+        self.publish(
+            topics::TASK_EXEC_ADDED_EVENT_TOPIC,
+            Box::new(TaskExecAdded {
+                container_id: req.id.clone(),
+                exec_id: req.exec_id.clone(),
+                ..Default::default()
+            }),
+        );
+        Ok(Empty::new())
+    }
+
+    async fn resize_pty(&self, _ctx: &TtrpcContext, _req: ResizePtyRequest) -> TtrpcResult<Empty> {
+        Err(rpc_err(
+            ttrpc::Code::UNIMPLEMENTED,
+            "weenv shim: TTY is not supported yet, so there is no pty to resize",
+        ))
+    }
+
+    async fn close_io(&self, _ctx: &TtrpcContext, req: CloseIORequest) -> TtrpcResult<Empty> {
+        // The shim holds no stdin writer: the container reads containerd's FIFO directly
+        // and sees EOF when containerd closes it. Only check that the process exists.
+        let st = self.inner.state.lock().await;
+        let c = st
+            .containers
+            .get(&req.id)
+            .ok_or_else(|| not_found("container"))?;
+        if !req.exec_id.is_empty() && !c.execs.contains_key(&req.exec_id) {
+            return Err(not_found("exec"));
+        }
+        Ok(Empty::new())
+    }
+
+    async fn update(&self, _ctx: &TtrpcContext, req: UpdateTaskRequest) -> TtrpcResult<Empty> {
+        let raw = req
+            .resources
+            .as_ref()
+            .map(|a| a.value.clone())
+            .unwrap_or_default();
+        let res: oci_spec::runtime::LinuxResources = serde_json::from_slice(&raw).map_err(|e| {
+            rpc_err(
+                ttrpc::Code::INVALID_ARGUMENT,
+                format!("update resources: {e}"),
+            )
+        })?;
+        let st = self.inner.state.lock().await;
+        let c = st
+            .containers
+            .get(&req.id)
+            .ok_or_else(|| not_found("container"))?;
+        c.runc
+            .update(&req.id, &res)
+            .await
+            .map_err(|e| rpc_err(ttrpc::Code::UNKNOWN, describe("update", &c.bundle, &e)))?;
+        if let Some(m) = &c.monitor {
+            if let Ok(mut m) = m.lock() {
+                if let Err(e) = m.rebase(self.inner.clock.elapsed()) {
+                    warn!(id = %req.id, error = %e, "rebase elastic quota after update");
+                }
+            }
+        }
+        Ok(Empty::new())
+    }
+
+    async fn stats(&self, _ctx: &TtrpcContext, req: StatsRequest) -> TtrpcResult<StatsResponse> {
+        let st = self.inner.state.lock().await;
+        let c = st
+            .containers
+            .get(&req.id)
+            .ok_or_else(|| not_found("container"))?;
+        let m = c.monitor.as_ref().ok_or_else(|| {
+            rpc_err(
+                ttrpc::Code::UNAVAILABLE,
+                "no cgroup found for this container",
+            )
+        })?;
+        let m = m
+            .lock()
+            .map_err(|_| rpc_err(ttrpc::Code::INTERNAL, "monitor lock poisoned"))?;
+        let any = metrics_any(m.io()).map_err(|e| rpc_err(ttrpc::Code::UNKNOWN, e.to_string()))?;
+        Ok(StatsResponse {
+            stats: Some(any).into(),
+            ..Default::default()
+        })
+    }
+
+    async fn connect(
+        &self,
+        _ctx: &TtrpcContext,
+        req: ConnectRequest,
+    ) -> TtrpcResult<ConnectResponse> {
+        let st = self.inner.state.lock().await;
+        let pid = st.containers.get(&req.id).map(|c| c.init.pid).unwrap_or(0);
+        Ok(ConnectResponse {
+            shim_pid: std::process::id(),
+            task_pid: pid.max(0) as u32,
+            version: "weenv-v1".into(),
+            ..Default::default()
+        })
+    }
+
+    async fn shutdown(&self, _ctx: &TtrpcContext, _req: ShutdownRequest) -> TtrpcResult<Empty> {
+        let st = self.inner.state.lock().await;
+        if st.containers.is_empty() {
+            self.inner.exit.signal();
+        }
+        Ok(Empty::new())
+    }
+}
+
+#[allow(dead_code)]
+fn _assert_fifo_io_send(_: FifoIo) {}
