@@ -154,7 +154,7 @@ impl FrameStore {
         self.demand.load(Ordering::Acquire)
     }
 
-    fn frame<'f>(frames: &'f [Frame], idx: FrameIdx) -> Result<&'f Frame, FetchError> {
+    fn frame(frames: &[Frame], idx: FrameIdx) -> Result<&Frame, FetchError> {
         frames.get(idx.0 as usize).ok_or(FetchError::BadFrameIndex {
             index: idx.0,
             frames: frames.len(),

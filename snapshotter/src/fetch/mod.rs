@@ -17,7 +17,7 @@ pub(crate) mod testutil;
 
 pub use fill::{FillConfig, FillProgress, FillState};
 pub use frames::{FrameStore, Priority};
-pub use source::{BlobSource, CountingSource, FileBlobSource};
+pub use source::{BlobSource, CountingSource, FileBlobSource, RegistryBlobSource};
 
 use thiserror::Error;
 use weenv_format::Digest;

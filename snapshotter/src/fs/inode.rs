@@ -429,4 +429,29 @@ pub(crate) mod tests {
             (300 & 0xff) | (259 << 8) | ((300 & !0xff) << 12)
         );
     }
+
+    #[test]
+    fn table_from_a_converted_tar() {
+        use crate::fetch::testutil::{build_layer, tar_of, T};
+        let tar = tar_of(&[
+            T::Dir("d"),
+            T::File("d/f", b"hello".to_vec()),
+            T::Link("d/g", "d/f"),
+            T::Symlink("s", "d/f"),
+            T::File("x/.wh.gone", Vec::new()),
+        ]);
+        let (_, toc, _) = build_layer(&tar, 4096);
+        let t = LayerTable::build(&toc);
+        let f = t.resolve("d/f").unwrap();
+        assert_eq!(t.resolve("d/g"), Some(f));
+        let n = t.node(f).unwrap();
+        assert_eq!((n.size, n.nlink, n.chunks.len()), (5, 2, 1));
+        let s = t.node(t.resolve("s").unwrap()).unwrap();
+        assert_eq!(s.link.as_deref(), Some("d/f"));
+        assert_eq!(
+            t.node(t.resolve("x/gone").unwrap()).unwrap().kind,
+            NodeKind::Char
+        );
+        assert!(t.skipped.is_empty());
+    }
 }

@@ -23,6 +23,7 @@ use fuser::{
 use inode::NodeKind;
 use layer::{decode_ino, ROOT_INO};
 use ops::FsState;
+use passthrough::OpenMode;
 use std::ffi::OsStr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -147,38 +148,40 @@ impl Filesystem for WeenvFs {
                 return reply.error(e);
             }
         };
-        let big = layer
-            .table
-            .node(node)
-            .is_some_and(|n| n.kind == NodeKind::File && n.size > 0);
-        if !(big && self.st.passthrough.active()) {
+        let Some(n) = layer.table.node(node) else {
+            op.fail();
+            return reply.error(Errno::ENOENT);
+        };
+        if n.kind != NodeKind::File {
             return reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE);
         }
-        let complete = layer.file_frames(node).iter().all(|i| {
-            layer
-                .toc
-                .frames
-                .get(i.0 as usize)
-                .is_some_and(|f| self.st.store.l2().contains(&f.digest))
-        });
-        if !complete {
-            return reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE);
-        }
-        let st = self.st.clone();
-        self.st.rt.spawn_blocking(move || {
-            match st.passthrough.materialise(st.store.l2(), &layer, node) {
-                Ok(Some(path)) => {
-                    if st.passthrough.open(reply, ino.0, &path) {
+        let l2 = self.st.store.l2();
+        let complete = n.size > 0
+            && layer.file_frames(node).iter().all(|i| {
+                layer
+                    .toc
+                    .frames
+                    .get(i.0 as usize)
+                    .is_some_and(|f| l2.contains(&f.digest))
+            });
+        match self.st.passthrough.begin_open(ino.0, complete) {
+            OpenMode::Cached => self.st.passthrough.reply_cached(reply),
+            OpenMode::Passthrough => {
+                let st = self.st.clone();
+                self.st.rt.spawn_blocking(move || {
+                    let path = match st.passthrough.materialise(st.store.l2(), &layer, node) {
+                        Ok(p) => p,
+                        Err(e) => {
+                            tracing::warn!(error = %e, layer = %layer.digest, node, "materialising a complete file failed");
+                            None
+                        }
+                    };
+                    if st.passthrough.reply_passthrough(reply, ino.0, path.as_deref()) {
                         st.metrics.passthrough_opens.fetch_add(1, Ordering::Relaxed);
                     }
-                }
-                Ok(None) => reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE),
-                Err(e) => {
-                    tracing::warn!(error = %e, layer = %layer.digest, node, "materialising a complete file failed");
-                    reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE);
-                }
+                });
             }
-        });
+        }
     }
 
     fn read(

@@ -8,7 +8,13 @@
 //! Kernel facts: passthrough needs `FUSE_PASSTHROUGH` in `init` (6.9+, CAP_SYS_ADMIN) and
 //! `max_stack_depth = 1` so the fs can still be an overlay lower. All concurrent opens of one
 //! inode must share ONE `BackingId` (a second id for a live inode makes the open fail with
-//! EIO): ids are kept in `ino -> Weak<BackingId>`; each open holds a strong ref until release.
+//! EIO): ids are kept per inode as `Weak<BackingId>`; each open holds a strong ref until release.
+//! The kernel also fixes an inode's io mode while it is open (fs/fuse/iomode.c): while any
+//! cached (non-passthrough) open of an inode is live, a passthrough open fails with EIO, and
+//! while a passthrough open is live, a cached open fails with EIO. So the mode of each open is
+//! chosen by [`decide_open_mode`] from the live opens of the inode, reserved under a lock.
+//! A passthrough open reply may not carry `FOPEN_KEEP_CACHE` (outside FOPEN_PASSTHROUGH_MASK:
+//! the open fails with EIO); the page cache is the backing file's anyway.
 
 use super::layer::Layer;
 use crate::cache::DiskCache;
@@ -21,6 +27,33 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
+/// How one open of a regular file is answered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OpenMode {
+    /// Through FUSE reads, page cache kept (`FOPEN_KEEP_CACHE`).
+    Cached,
+    /// FUSE passthrough to the complete file.
+    Passthrough,
+}
+
+/// Mode for a new open of an inode with `cached`/`passthrough` opens live. Pure.
+pub fn decide_open_mode(complete: bool, cached: u32, passthrough: u32) -> OpenMode {
+    if passthrough > 0 {
+        OpenMode::Passthrough
+    } else if cached > 0 || !complete {
+        OpenMode::Cached
+    } else {
+        OpenMode::Passthrough
+    }
+}
+
+#[derive(Default)]
+struct InoState {
+    cached: u32,
+    passthrough: u32,
+    backing: Weak<BackingId>,
+}
+
 /// Passthrough state of the session.
 pub struct Passthrough {
     /// Configured on.
@@ -28,7 +61,7 @@ pub struct Passthrough {
     /// The kernel accepted `FUSE_PASSTHROUGH` in init.
     pub available: AtomicBool,
     files_dir: PathBuf,
-    backing: Mutex<HashMap<u64, Weak<BackingId>>>,
+    inos: Mutex<HashMap<u64, InoState>>,
     open: Mutex<HashMap<u64, Arc<BackingId>>>,
     next_fh: AtomicU64,
     seq: AtomicU64,
@@ -41,7 +74,7 @@ impl Passthrough {
             enabled,
             available: AtomicBool::new(false),
             files_dir,
-            backing: Mutex::new(HashMap::new()),
+            inos: Mutex::new(HashMap::new()),
             open: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
             seq: AtomicU64::new(0),
@@ -128,52 +161,93 @@ impl Passthrough {
         Ok(Some(path))
     }
 
-    /// Answers an open of `ino` with passthrough to `path`; falls back to a normal open.
-    pub fn open(&self, reply: ReplyOpen, ino: u64, path: &Path) -> bool {
-        let file = match File::open(path) {
-            Ok(f) => f,
-            Err(e) => {
-                tracing::warn!(error = %e, path = %path.display(), "cannot open complete file; serving through FUSE");
-                reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE);
+    /// Chooses and reserves the mode of a new open of regular file `ino` (`complete`: all
+    /// its frames are on disk). Without active passthrough every open is cached, uncounted.
+    pub fn begin_open(&self, ino: u64, complete: bool) -> OpenMode {
+        if !self.active() {
+            return OpenMode::Cached;
+        }
+        let mut g = self.inos.lock();
+        let st = g.entry(ino).or_default();
+        let mode = decide_open_mode(complete, st.cached, st.passthrough);
+        match mode {
+            OpenMode::Cached => st.cached += 1,
+            OpenMode::Passthrough => st.passthrough += 1,
+        }
+        mode
+    }
+
+    /// Answers a cached open (reserved by [`begin_open`](Self::begin_open)).
+    pub fn reply_cached(&self, reply: ReplyOpen) {
+        reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE);
+    }
+
+    /// Answers a reserved passthrough open with the complete file at `path` (None: it could
+    /// not be made). Falls back to a cached open when the kernel refuses the backing file.
+    pub fn reply_passthrough(&self, reply: ReplyOpen, ino: u64, path: Option<&Path>) -> bool {
+        let file = match path.map(File::open) {
+            Some(Ok(f)) => Some(f),
+            Some(Err(e)) => {
+                tracing::warn!(error = %e, "cannot open complete file; serving through FUSE");
+                None
+            }
+            None => None,
+        };
+        // Held across open_backing so two opens never create two ids for one inode.
+        let mut g = self.inos.lock();
+        let st = g.entry(ino).or_default();
+        let id = match (st.backing.upgrade(), file) {
+            (Some(id), _) => Some(id),
+            (None, Some(f)) => match reply.open_backing(&f) {
+                Ok(id) => {
+                    let id = Arc::new(id);
+                    st.backing = Arc::downgrade(&id);
+                    Some(id)
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "FUSE_DEV_IOC_BACKING_OPEN failed; serving through FUSE");
+                    None
+                }
+            },
+            (None, None) => None,
+        };
+        let Some(id) = id else {
+            // Downgrade the reservation; a cached open is valid now only if no passthrough
+            // open is live (then the kernel would refuse it, and EIO is all that is left).
+            st.passthrough = st.passthrough.saturating_sub(1);
+            if st.passthrough > 0 {
+                drop(g);
+                reply.error(fuser::Errno::EIO);
                 return false;
             }
+            st.cached += 1;
+            drop(g);
+            self.reply_cached(reply);
+            return false;
         };
-        let id = {
-            // Held across open_backing so two opens never create two ids for one inode.
-            let mut map = self.backing.lock();
-            match map.get(&ino).and_then(Weak::upgrade) {
-                Some(id) => id,
-                None => match reply.open_backing(&file) {
-                    Ok(id) => {
-                        let id = Arc::new(id);
-                        map.insert(ino, Arc::downgrade(&id));
-                        id
-                    }
-                    Err(e) => {
-                        drop(map);
-                        tracing::warn!(error = %e, "FUSE_DEV_IOC_BACKING_OPEN failed; serving through FUSE");
-                        reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE);
-                        return false;
-                    }
-                },
-            }
-        };
+        drop(g);
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         // Registered before the reply: a release may arrive on another thread right after it.
         self.open.lock().insert(fh, id.clone());
-        reply.opened_passthrough(FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE, &id);
+        reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), &id);
         true
     }
 
-    /// Drops the backing reference of handle `fh` (from release).
+    /// Accounts the release of handle `fh` of `ino` (0 = cached open).
     pub fn release(&self, ino: u64, fh: u64) {
-        if fh == 0 {
+        if !self.active() {
             return;
         }
-        if self.open.lock().remove(&fh).is_some() {
-            let mut map = self.backing.lock();
-            if map.get(&ino).is_some_and(|w| w.strong_count() == 0) {
-                map.remove(&ino);
+        let was_pt = fh != 0 && self.open.lock().remove(&fh).is_some();
+        let mut g = self.inos.lock();
+        if let Some(st) = g.get_mut(&ino) {
+            if was_pt {
+                st.passthrough = st.passthrough.saturating_sub(1);
+            } else {
+                st.cached = st.cached.saturating_sub(1);
+            }
+            if st.cached == 0 && st.passthrough == 0 {
+                g.remove(&ino);
             }
         }
     }
@@ -181,5 +255,27 @@ impl Passthrough {
     /// Removes the complete files of a layer.
     pub fn remove_layer(&self, layer_hex: &str) {
         let _ = fs::remove_dir_all(self.layer_dir(layer_hex));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn open_mode_follows_live_opens() {
+        assert_eq!(decide_open_mode(true, 0, 0), OpenMode::Passthrough);
+        assert_eq!(decide_open_mode(false, 0, 0), OpenMode::Cached);
+        assert_eq!(
+            decide_open_mode(true, 1, 0),
+            OpenMode::Cached,
+            "cached opens live"
+        );
+        assert_eq!(decide_open_mode(true, 0, 2), OpenMode::Passthrough);
+        assert_eq!(
+            decide_open_mode(false, 0, 1),
+            OpenMode::Passthrough,
+            "must match live mode"
+        );
     }
 }

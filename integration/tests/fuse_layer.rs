@@ -1,0 +1,145 @@
+//! A weenv layer through the FUSE session: conformance with a tar extraction, lazy fetch of
+//! exactly the frames a read needs, and tampered frames answered with EIO.
+
+mod fuse_common;
+
+use anyhow::{ensure, Result};
+use fuse_common::*;
+use std::collections::BTreeSet;
+use std::os::unix::fs::FileExt;
+use std::sync::atomic::Ordering;
+
+#[test]
+#[ignore = "needs root and /dev/fuse"]
+fn layer_matches_tar_extraction() -> Result<()> {
+    let fx = Fixture::new(Fixture::strict(), false)?;
+    let layer = TestLayer::new(fx.dir.path(), "rich", &rich_tar()?)?;
+    let dir = fx.add(&layer)?;
+    ensure!(
+        layer.source.requests().is_empty(),
+        "mounting fetched file content"
+    );
+    let reference = fx.dir.path().join("ref");
+    extract_reference(&layer.tar, &reference)?;
+    let want = snapshot(&reference)?;
+    let got = snapshot(&dir)?;
+    let want_paths: BTreeSet<_> = want.keys().collect();
+    let got_paths: BTreeSet<_> = got.keys().collect();
+    ensure!(
+        want_paths == got_paths,
+        "paths differ: only in tar {:?}, only in weenv {:?}",
+        want_paths.difference(&got_paths).collect::<Vec<_>>(),
+        got_paths.difference(&want_paths).collect::<Vec<_>>()
+    );
+    let mut diffs = Vec::new();
+    for (p, (w, _)) in &want {
+        let (g, _) = &got[p];
+        if w != g {
+            diffs.push(format!("{p}:\n  tar   {w:?}\n  weenv {g:?}"));
+        }
+    }
+    ensure!(
+        diffs.is_empty(),
+        "{} entries differ:\n{}",
+        diffs.len(),
+        diffs.join("\n")
+    );
+    let (wg, gg) = (hardlink_groups(&want), hardlink_groups(&got));
+    ensure!(wg == gg, "hardlink groups differ: tar {wg:?} weenv {gg:?}");
+    ensure!(
+        gg.iter().any(|g| g.len() == 3),
+        "busybox hardlink group present: {gg:?}"
+    );
+    println!(
+        "{} entries identical to the tar extraction; {} range requests",
+        want.len(),
+        layer.source.requests().len()
+    );
+    Ok(())
+}
+
+#[test]
+#[ignore = "needs root and /dev/fuse"]
+fn reading_a_small_file_fetches_only_its_frames() -> Result<()> {
+    let fx = Fixture::new(Fixture::strict(), false)?;
+    let layer = TestLayer::new(fx.dir.path(), "rich", &rich_tar()?)?;
+    let dir = fx.add(&layer)?;
+    let path = "usr/lib/python3/json/decoder.py";
+    let entry = layer
+        .toc
+        .entries
+        .iter()
+        .find(|e| e.path == path)
+        .expect("in TOC");
+    let frames: BTreeSet<u32> = entry.chunks.iter().map(|c| c.frame.0).collect();
+    let data = std::fs::read(dir.join(path))?;
+    ensure!(
+        data == std::fs::read("/usr/lib/python3.11/json/decoder.py")?,
+        "content"
+    );
+    let reqs = layer.source.requests();
+    ensure!(!reqs.is_empty(), "something was fetched");
+    let allowed: Vec<(u64, u64)> = frames
+        .iter()
+        .map(|i| {
+            let f = &layer.toc.frames[*i as usize];
+            (f.offset, f.offset + f.clen)
+        })
+        .collect();
+    for (off, len) in &reqs {
+        let (s, e) = (*off, off + len);
+        let lo = allowed.iter().map(|a| a.0).min().unwrap_or(0);
+        let hi = allowed.iter().map(|a| a.1).max().unwrap_or(0);
+        ensure!(
+            lo <= s && e <= hi,
+            "request {s}..{e} outside the file's frames {allowed:?}"
+        );
+    }
+    let fetched: u64 = reqs.iter().map(|(_, l)| l).sum();
+    let blob = std::fs::metadata(&layer.blob)?.len();
+    println!(
+        "read {} bytes; fetched {fetched} of {blob} blob bytes in {} request(s)",
+        data.len(),
+        reqs.len()
+    );
+    ensure!(fetched * 10 < blob, "fetched {fetched} of {blob}");
+    Ok(())
+}
+
+#[test]
+#[ignore = "needs root and /dev/fuse"]
+fn tampered_frame_is_eio_and_repair_works() -> Result<()> {
+    let fx = Fixture::new(Fixture::strict(), false)?;
+    let layer = TestLayer::new(fx.dir.path(), "rich", &rich_tar()?)?;
+    let dir = fx.add(&layer)?;
+    let path = "usr/lib/python3/email/utils.py";
+    let entry = layer
+        .toc
+        .entries
+        .iter()
+        .find(|e| e.path == path)
+        .expect("in TOC");
+    let f = layer.toc.frames[entry.chunks[0].frame.0 as usize].clone();
+    let at = f.offset + f.clen / 2;
+    let blob = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&layer.blob)?;
+    let mut b = [0u8; 1];
+    blob.read_exact_at(&mut b, at)?;
+    blob.write_all_at(&[b[0] ^ 0xff], at)?;
+    let err = std::fs::read(dir.join(path)).expect_err("tampered frame must not be served");
+    ensure!(
+        err.raw_os_error() == Some(libc::EIO),
+        "expected EIO, got {err}"
+    );
+    ensure!(fx.metrics.verification_failures.load(Ordering::Relaxed) >= 1);
+    blob.write_all_at(&b, at)?;
+    let data = std::fs::read(dir.join(path))?;
+    ensure!(
+        data == std::fs::read("/usr/lib/python3.11/email/utils.py")?,
+        "content after repair"
+    );
+    println!("tampered read: {err}; after repair {} bytes ok", data.len());
+    Ok(())
+}
