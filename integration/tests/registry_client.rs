@@ -64,7 +64,7 @@ async fn push_mount_manifest_resolve_and_range_read() {
     let proxy = CountingProxy::start(reg.addr()).unwrap();
     let st = proxy.stats();
     let host = proxy.host();
-    let client = Client::new(plain_http(&[host.clone()])).unwrap();
+    let client = Client::new(plain_http(std::slice::from_ref(&host))).unwrap();
     let a: Reference = format!("{host}/weenv/test-a:v1").parse().unwrap();
     let b: Reference = format!("{host}/weenv/test-b:v1").parse().unwrap();
 
