@@ -205,6 +205,7 @@ pub fn python_fast() -> Result<OciImage> {
             .to_string();
         std::os::unix::fs::symlink(&pyname, root.join("usr/bin/python3"))?;
         let pylib = format!("usr/lib/{pyname}");
+        fs::create_dir_all(root.join("usr/lib"))?;
         let out = Command::new("cp")
             .args(["-a", &format!("/{pylib}")])
             .arg(root.join("usr/lib"))
