@@ -17,6 +17,8 @@ use weenv_format::Digest;
 #[derive(Clone)]
 enum Answer {
     Http(u16, Vec<(&'static str, String)>, Vec<u8>),
+    /// 200 with `Content-Length: .0` but only the bytes `.1`, then close.
+    Truncated(u64, Vec<u8>),
     Reset,
 }
 
@@ -91,6 +93,14 @@ async fn mock(answers: Vec<Answer>) -> Mock {
                     let answer = q.lock().unwrap().pop_front().unwrap_or(status(500));
                     match answer {
                         Answer::Reset => return,
+                        Answer::Truncated(claimed, body) => {
+                            let mut out =
+                                format!("HTTP/1.1 200 OK\r\nContent-Length: {claimed}\r\n\r\n")
+                                    .into_bytes();
+                            out.extend_from_slice(&body);
+                            let _ = w.write_all(&out).await;
+                            return;
+                        }
                         Answer::Http(code, hs, body) => {
                             let mut out =
                                 format!("HTTP/1.1 {code} X\r\nContent-Length: {}\r\n", body.len());
@@ -350,4 +360,100 @@ async fn range_reader_refuses_current_thread_runtime() {
         9,
         "a known size needs no request"
     );
+}
+
+#[tokio::test]
+async fn tls_is_the_default_no_silent_downgrade() {
+    let m = mock(vec![ok(b"x"), ok(b"x"), ok(b"x"), ok(b"x"), ok(b"x")]).await;
+    let c = Client::new(RegistryConfig {
+        docker_credentials: false,
+        retry: RetryPolicy {
+            max_retries: 0,
+            base_delay_ms: 1,
+            max_delay_ms: 1,
+        },
+        ..RegistryConfig::default()
+    })
+    .unwrap();
+    let r = c.get_blob(&m.reference(), &Digest::sha256(b"x")).await;
+    match r {
+        Err(RegistryError::Transport { url, .. }) => assert!(url.starts_with("https://"), "{url}"),
+        other => panic!("expected a TLS failure, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn redirect_keeps_range_and_drops_authorization_off_host() {
+    let storage = mock(vec![Answer::Http(
+        206,
+        vec![("Content-Range", "bytes 2-4/10".into())],
+        b"234".to_vec(),
+    )])
+    .await;
+    let m = mock(vec![
+        Answer::Http(
+            401,
+            vec![("WWW-Authenticate", "Basic realm=\"r\"".into())],
+            vec![],
+        ),
+        Answer::Http(
+            307,
+            vec![(
+                "Location",
+                format!("http://{}/bucket/blob?sig=1", storage.host),
+            )],
+            vec![],
+        ),
+    ])
+    .await;
+    let creds = CredentialSource::Static(HashMap::from([(
+        m.host.clone(),
+        Credential::Basic {
+            username: "u".into(),
+            password: "p".into(),
+        },
+    )]));
+    let c = m.client(creds);
+    let got = c
+        .get_blob_range(&m.reference(), &Digest::sha256(b"0123456789"), 2, 3)
+        .await
+        .unwrap();
+    assert_eq!(&got[..], b"234");
+    let at_registry = m.seen();
+    assert_eq!(at_registry[1].headers["authorization"], "Basic dTpw");
+    let at_storage = storage.seen();
+    assert_eq!(at_storage.len(), 1);
+    assert_eq!(at_storage[0].path, "/bucket/blob?sig=1");
+    assert_eq!(at_storage[0].headers["range"], "bytes=2-4");
+    assert!(
+        !at_storage[0].headers.contains_key("authorization"),
+        "no credentials to the storage host"
+    );
+    assert_eq!(c.stats().redirects, 1);
+}
+
+#[tokio::test]
+async fn blob_stream_resumes_after_a_broken_body() {
+    let blob = b"0123456789".to_vec();
+    let d = Digest::sha256(&blob);
+    let m = mock(vec![
+        Answer::Truncated(10, b"01234".to_vec()),
+        Answer::Http(
+            206,
+            vec![("Content-Range", "bytes 5-9/10".into())],
+            b"56789".to_vec(),
+        ),
+    ])
+    .await;
+    let c = m.client(CredentialSource::None);
+    let mut out = Vec::new();
+    let n = c
+        .get_blob_stream(&m.reference(), &d, &mut out)
+        .await
+        .unwrap();
+    assert_eq!((n, out), (10, blob));
+    let seen = m.seen();
+    assert_eq!(seen.len(), 2);
+    assert!(!seen[0].headers.contains_key("range"));
+    assert_eq!(seen[1].headers["range"], "bytes=5-");
 }
