@@ -1,5 +1,7 @@
 //! `weenv-convert`: command-line front end of the weenv-converter library.
 
+mod cli_groups;
+
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
@@ -59,6 +61,12 @@ enum Cmd {
     Verify { image: String },
     /// Show layers, sizes, entry counts and compression ratios.
     Inspect { image: String },
+    /// Layer groups: create, mutate.
+    #[command(subcommand)]
+    Group(Box<cli_groups::GroupCmd>),
+    /// Environment plans: compose, stats.
+    #[command(subcommand)]
+    Plan(Box<cli_groups::PlanCmd>),
 }
 
 /// indicatif bars, one per running layer.
@@ -191,6 +199,10 @@ fn run() -> Result<()> {
                     println!("verified {} layers: all good", v.len());
                 }
             }
+            Cmd::Group(g) => {
+                cli_groups::run_group(&client, *g, cli.platform.as_deref(), cli.json).await?
+            }
+            Cmd::Plan(p) => cli_groups::run_plan(&client, *p, cli.json).await?,
             Cmd::Inspect { image } => {
                 let info =
                     inspect_image(&client, &ImageLocation::parse(&image)?, platform.as_ref())
