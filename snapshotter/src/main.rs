@@ -48,6 +48,7 @@ fn main() -> std::process::ExitCode {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(&cfg.log_level));
     let b = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
     match cfg.log_format {
         LogFormat::Json => b.json().init(),

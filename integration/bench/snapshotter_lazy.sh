@@ -1,0 +1,217 @@
+#!/usr/bin/env bash
+# weenv-snapshotter benchmark: cold "pull + first command" with containerd's stock overlayfs
+# snapshotter (full pull) vs weenv (lazy), warm read throughput, `find` and the read-everything
+# worst case. The registry runs in its own network namespace behind a veth pair whose egress
+# (registry -> node) is shaped with tc HTB to $RATE (netem is not available on this kernel
+# build, so no latency is added: read the numbers as bandwidth-bound, RTT ~0.05 ms).
+#
+# Every run uses a fresh containerd root and a fresh snapshotter root (cold caches; containerd
+# shares blobs across namespaces, so a new namespace would not be cold). Medians of $RUNS runs.
+#
+# Needs root, containerd, ctr, runc, docker-registry, skopeo, iproute2 (ip, tc), fuse3 and the
+# workspace binaries: cargo build -p weenv-snapshotter --bins && cargo build -p weenv-converter
+# Usage: integration/bench/snapshotter_lazy.sh [OCI_LAYOUT:TAG]   (default: the cached
+#        Debian+python3 test image from integration/src/images.rs)
+set -euo pipefail
+
+RUNS=${RUNS:-5}
+RATE=${RATE:-200mbit}
+CMD=${CMD:-"import json, sys; print(json.dumps({'ok': 1}))"}
+BIN=${WEENV_BIN:-$(cd "$(dirname "$0")/../.." && pwd)/target/debug}
+NS=weenvbench$$
+HOST_IP=10.231.$((RANDOM % 200)).1
+REG_IP=${HOST_IP%.1}.2
+PORT=5000
+W=$(mktemp -d /var/tmp/weenv-bench.XXXXXX)
+IMG=${1:-}
+if [ -z "$IMG" ]; then
+    layout=$(ls -d /var/tmp/weenv-test-images/python-v*/oci 2>/dev/null | sort -V | tail -1)
+    [ -n "$layout" ] || { echo "no cached python image: run the snapshotter_python test once" >&2; exit 2; }
+    IMG="$layout:python"
+fi
+for b in containerd ctr runc docker-registry skopeo ip tc; do command -v $b >/dev/null || { echo "missing $b" >&2; exit 2; }; done
+for b in weenv-snapshotter weenv weenv-convert; do [ -x "$BIN/$b" ] || { echo "missing $BIN/$b (cargo build)" >&2; exit 2; }; done
+
+PIDS=()
+cleanup() {
+    set +e
+    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
+    sleep 1
+    grep -o " $W[^ ]*" /proc/self/mounts | sort -r | while read -r m; do umount -l "$m"; done
+    ip netns pids "$NS" 2>/dev/null | xargs -r kill
+    ip netns del "$NS" 2>/dev/null
+    ip link del "v$NS" 2>/dev/null
+    rm -rf "$W"
+}
+trap cleanup EXIT
+
+log() { echo "[$(date +%T)] $*" >&2; }
+now() { date +%s.%N; }
+
+# ---- registry in a shaped netns ---------------------------------------------------------
+ip netns add "$NS"
+ip link add "v$NS" type veth peer name "r$NS"
+ip link set "r$NS" netns "$NS"
+ip addr add "$HOST_IP/24" dev "v$NS"; ip link set "v$NS" up
+ip netns exec "$NS" ip addr add "$REG_IP/24" dev "r$NS"
+ip netns exec "$NS" ip link set "r$NS" up
+ip netns exec "$NS" ip link set lo up
+# Download direction: registry egress.
+ip netns exec "$NS" tc qdisc add dev "r$NS" root handle 1: htb default 10
+ip netns exec "$NS" tc class add dev "r$NS" parent 1: classid 1:10 htb rate "$RATE" ceil "$RATE"
+# Upload direction too (requests), same rate.
+tc qdisc add dev "v$NS" root handle 1: htb default 10
+tc class add dev "v$NS" parent 1: classid 1:10 htb rate "$RATE" ceil "$RATE"
+mkdir -p "$W/reg"
+cat > "$W/reg/config.yml" <<EOF
+version: 0.1
+log: {level: error}
+storage: {filesystem: {rootdirectory: $W/reg/data}}
+http: {addr: $REG_IP:$PORT}
+EOF
+ip netns exec "$NS" docker-registry serve "$W/reg/config.yml" >"$W/reg/log" 2>&1 &
+PIDS+=($!)
+for _ in $(seq 50); do curl -s "http://$REG_IP:$PORT/v2/" >/dev/null 2>&1 && break; sleep 0.2; done
+REG="$REG_IP:$PORT"
+log "registry at $REG (netns $NS, $RATE)"
+skopeo copy -q --dest-tls-verify=false "oci:$IMG" "docker://$REG/bench:gz"
+"$BIN/weenv-convert" --plain-http "$REG" image "$REG/bench:gz" "$REG/bench:weenv" >"$W/convert.log" 2>&1
+log "converted: $(tail -1 "$W/convert.log")"
+
+# ---- fresh containerd + snapshotter per run ------------------------------------------------
+start_stack() { # $1 = run dir; $2 = fill true|false
+    local d=$1
+    mkdir -p "$d"
+    cat > "$d/snap.toml" <<EOF
+version = 1
+root_dir = "$d/snap"
+socket = "$d/snap.sock"
+log_level = "warn"
+[registry]
+plain_http = ["$REG"]
+hosts_dir = "$d/none"
+[cache]
+disk_bytes = 8589934592
+[fill]
+enabled = $2
+[observability]
+listen = "unix:$d/status.sock"
+EOF
+    "$BIN/weenv-snapshotter" --config "$d/snap.toml" >"$d/snap.log" 2>&1 &
+    SNAP_PID=$!; PIDS+=($SNAP_PID)
+    cat > "$d/ctd.toml" <<EOF
+version = 2
+root = "$d/ctd/root"
+state = "$d/ctd/state"
+disabled_plugins = ["io.containerd.grpc.v1.cri"]
+[grpc]
+  address = "$d/ctd.sock"
+[ttrpc]
+  address = "$d/ctd.sock.ttrpc"
+[proxy_plugins.weenv]
+  type = "snapshot"
+  address = "$d/snap.sock"
+EOF
+    containerd --config "$d/ctd.toml" >"$d/ctd.log" 2>&1 &
+    CTD_PID=$!; PIDS+=($CTD_PID)
+    for _ in $(seq 100); do [ -S "$d/snap.sock" ] && ctr -a "$d/ctd.sock" version >/dev/null 2>&1 && return 0; sleep 0.1; done
+    echo "stack did not start in $d" >&2; exit 1
+}
+stop_stack() { # $1 = run dir
+    kill "$CTD_PID" 2>/dev/null; wait "$CTD_PID" 2>/dev/null || true
+    grep -o " $1/ctd[^ ]*" /proc/self/mounts | sort -r | while read -r m; do umount -l "$m"; done
+    kill "$SNAP_PID" 2>/dev/null; wait "$SNAP_PID" 2>/dev/null || true
+    grep -o " $1[^ ]*" /proc/self/mounts | sort -r | while read -r m; do umount -l "$m"; done
+    rm -rf "$1"
+}
+rx() { cat "/sys/class/net/v$NS/statistics/rx_bytes"; }
+median() { sort -g | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
+drop_caches() { sync; echo 3 > /proc/sys/vm/drop_caches; }
+
+# Timing helper run inside containers (python3 is in the image).
+READ_PY='
+import os, sys, time, random
+mode = sys.argv[1]
+files = []
+for d, ds, fs in os.walk("/usr"):
+    for f in fs:
+        p = os.path.join(d, f)
+        if os.path.isfile(p) and not os.path.islink(p): files.append((os.path.getsize(p), p))
+files.sort(reverse=True)
+big = [p for s, p in files[:20]]
+t = time.time(); n = 0
+if mode == "seq":
+    for p in big:
+        with open(p, "rb") as f:
+            while True:
+                b = f.read(1 << 20)
+                if not b: break
+                n += len(b)
+else:
+    random.seed(1)
+    for p in big:
+        fd = os.open(p, os.O_RDONLY); size = os.fstat(fd).st_size
+        for _ in range(2000):
+            n += len(os.pread(fd, 4096, random.randrange(0, max(1, size - 4096))))
+        os.close(fd)
+dt = time.time() - t
+print("%.1f" % (n / dt / 1e6))
+'
+FIND_PY='import subprocess, time; t = time.time(); subprocess.run("find / -xdev | wc -l > /dev/null", shell=True); print("%.3f" % (time.time() - t))'
+
+declare -A R
+for i in $(seq "$RUNS"); do
+    # (a) overlayfs: full pull + first command
+    d="$W/run-ovl-$i"; start_stack "$d" true; C="ctr -a $d/ctd.sock"
+    b0=$(rx); t0=$(now)
+    $C images pull -q --plain-http "$REG/bench:gz" >/dev/null
+    $C run --rm "$REG/bench:gz" c1 python3 -c "$CMD" >/dev/null
+    t1=$(now); b1=$(rx)
+    R[ovl_start]+="$(echo "$t1 - $t0" | bc) "; R[ovl_bytes]+="$((b1 - b0)) "
+    # warm reads + find on native overlayfs
+    drop_caches; R[ovl_seq]+="$($C run --rm "$REG/bench:gz" c2 python3 -c "$READ_PY" seq) "
+    drop_caches; R[ovl_rand]+="$($C run --rm "$REG/bench:gz" c3 python3 -c "$READ_PY" rand) "
+    drop_caches; R[ovl_find]+="$($C run --rm "$REG/bench:gz" c4 python3 -c "$FIND_PY") "
+    stop_stack "$d"
+
+    # (b) weenv: lazy pull + first command
+    d="$W/run-weenv-$i"; start_stack "$d" true; C="ctr -a $d/ctd.sock"
+    b0=$(rx); t0=$(now)
+    "$BIN/weenv" --config "$d/snap.toml" pull -a "$d/ctd.sock" -n default --plain-http "$REG/bench:weenv" >/dev/null
+    $C run --rm --snapshotter weenv "$REG/bench:weenv" c1 python3 -c "$CMD" >/dev/null
+    t1=$(now); b1=$(rx)
+    R[weenv_start]+="$(echo "$t1 - $t0" | bc) "; R[weenv_bytes]+="$((b1 - b0)) "
+    # wait for the background fill, then warm reads (passthrough) + find
+    for _ in $(seq 600); do
+        s=$("$BIN/weenv" --config "$d/snap.toml" status --json 2>/dev/null || true)
+        echo "$s" | grep -q '"fill": "\(running\|pending\)"' || break; sleep 0.5
+    done
+    drop_caches; R[weenv_seq]+="$($C run --rm --snapshotter weenv "$REG/bench:weenv" c2 python3 -c "$READ_PY" seq) "
+    drop_caches; R[weenv_rand]+="$($C run --rm --snapshotter weenv "$REG/bench:weenv" c3 python3 -c "$READ_PY" rand) "
+    drop_caches; R[weenv_find]+="$($C run --rm --snapshotter weenv "$REG/bench:weenv" c4 python3 -c "$FIND_PY") "
+    stop_stack "$d"
+
+    # (c) worst case, cold: pull + read every file
+    ALL='find / -xdev -type f -print0 | xargs -0 cat > /dev/null'
+    d="$W/run-ovlall-$i"; start_stack "$d" true; C="ctr -a $d/ctd.sock"
+    t0=$(now); $C images pull -q --plain-http "$REG/bench:gz" >/dev/null
+    $C run --rm "$REG/bench:gz" c5 sh -c "$ALL"; t1=$(now)
+    R[ovl_all]+="$(echo "$t1 - $t0" | bc) "; stop_stack "$d"
+    d="$W/run-weenvall-$i"; start_stack "$d" true; C="ctr -a $d/ctd.sock"
+    t0=$(now)
+    "$BIN/weenv" --config "$d/snap.toml" pull -a "$d/ctd.sock" -n default --plain-http "$REG/bench:weenv" >/dev/null
+    $C run --rm --snapshotter weenv "$REG/bench:weenv" c5 sh -c "$ALL"; t1=$(now)
+    R[weenv_all]+="$(echo "$t1 - $t0" | bc) "; stop_stack "$d"
+    log "run $i done"
+done
+
+m() { echo "${R[$1]}" | tr ' ' '\n' | grep -v '^$' | median; }
+printf '\n%-44s %12s %12s %8s\n' "metric (median of $RUNS, $RATE)" overlayfs weenv ratio
+row() { printf '%-44s %12s %12s %8s\n' "$1" "$2" "$3" "$(echo "scale=2; $4" | bc)"; }
+row "pull + '$CMD' cold (s)" "$(m ovl_start)" "$(m weenv_start)" "$(m ovl_start) / $(m weenv_start)"
+row "bytes received for that (MB)" "$(echo "scale=1; $(m ovl_bytes)/1000000" | bc)" "$(echo "scale=1; $(m weenv_bytes)/1000000" | bc)" "$(m weenv_bytes) / $(m ovl_bytes)"
+row "warm sequential read (MB/s)" "$(m ovl_seq)" "$(m weenv_seq)" "$(m weenv_seq) / $(m ovl_seq)"
+row "warm random 4K read (MB/s)" "$(m ovl_rand)" "$(m weenv_rand)" "$(m weenv_rand) / $(m ovl_rand)"
+row "find / -xdev | wc -l (s)" "$(m ovl_find)" "$(m weenv_find)" "$(m weenv_find) / $(m ovl_find)"
+row "pull + read every file, cold (s)" "$(m ovl_all)" "$(m weenv_all)" "$(m weenv_all) / $(m ovl_all)"
+echo "(ratio: start-up = speed-up of weenv; others = weenv / overlayfs)"

@@ -1,0 +1,231 @@
+//! Helpers shared by the `snapshotter_*` end-to-end tests: a `weenv-snapshotter` daemon under
+//! a temp root (stopped with SIGTERM and unmounted on drop, restartable on the same root), the
+//! `weenv` CLI, image conversion, and a file-tree manifest script run inside containers.
+
+#![allow(dead_code)]
+
+use anyhow::{bail, Context, Result};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use weenv_integration::containerd::unmount_below;
+use weenv_integration::util::{free_port, wait_for_unix_socket, workspace_bin};
+
+/// Daemon settings used by the tests.
+#[derive(Clone, Debug)]
+pub struct DaemonOptions {
+    /// Registries reached over plain HTTP (the test registry and proxy).
+    pub plain_http: Vec<String>,
+    /// Background fill (off when a test counts bytes fetched for a workload).
+    pub fill: bool,
+}
+
+/// A running `weenv-snapshotter`.
+pub struct Daemon {
+    pub root: PathBuf,
+    pub socket: PathBuf,
+    pub config: PathBuf,
+    pub status_addr: String,
+    child: Option<Child>,
+    log_n: u32,
+}
+
+impl Daemon {
+    /// Write a config under `root` and start the daemon; waits for its socket.
+    pub fn start(root: &Path, opts: &DaemonOptions) -> Result<Daemon> {
+        std::fs::create_dir_all(root)?;
+        let socket = root.join("snap.sock");
+        let port = free_port()?;
+        let status_addr = format!("127.0.0.1:{port}");
+        let hosts: Vec<String> = opts.plain_http.iter().map(|h| format!("{h:?}")).collect();
+        let cfg = format!(
+            "version = 1\nroot_dir = {root:?}\nsocket = {sock:?}\nlog_level = \"info,weenv_snapshotter=debug\"\n\
+             [registry]\nplain_http = [{hosts}]\nhosts_dir = {hd:?}\n\
+             [cache]\nmemory_bytes = 67108864\ndisk_bytes = 4294967296\n\
+             [fill]\nenabled = {fill}\n[observability]\nlisten = {status_addr:?}\n",
+            root = root.join("state").display().to_string(),
+            sock = socket.display().to_string(),
+            hosts = hosts.join(", "),
+            hd = root.join("no-hosts-dir").display().to_string(),
+            fill = opts.fill,
+        );
+        let config = root.join("config.toml");
+        std::fs::write(&config, cfg)?;
+        let mut d = Daemon {
+            root: root.to_path_buf(),
+            socket,
+            config,
+            status_addr,
+            child: None,
+            log_n: 0,
+        };
+        d.spawn()?;
+        Ok(d)
+    }
+
+    fn spawn(&mut self) -> Result<()> {
+        let _ = std::fs::remove_file(&self.socket);
+        self.log_n += 1;
+        let log = std::fs::File::create(self.root.join(format!("daemon-{}.log", self.log_n)))?;
+        let child = Command::new(workspace_bin("weenv-snapshotter")?)
+            .arg("--config")
+            .arg(&self.config)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .context("spawn weenv-snapshotter")?;
+        self.child = Some(child);
+        if let Err(e) = wait_for_unix_socket(&self.socket, Duration::from_secs(30)) {
+            bail!("snapshotter did not start: {e}; log:\n{}", self.log());
+        }
+        Ok(())
+    }
+
+    /// All daemon logs so far.
+    pub fn log(&self) -> String {
+        (1..=self.log_n)
+            .map(|n| {
+                std::fs::read_to_string(self.root.join(format!("daemon-{n}.log")))
+                    .unwrap_or_default()
+            })
+            .collect::<Vec<_>>()
+            .join("\n--- restart ---\n")
+    }
+
+    /// SIGTERM, wait (SIGKILL after 20 s), and detach anything left mounted under the root.
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            // SAFETY: kill(2) on our own child's pid; no memory is touched.
+            unsafe {
+                libc::kill(c.id() as i32, libc::SIGTERM);
+            }
+            let deadline = Instant::now() + Duration::from_secs(20);
+            loop {
+                match c.try_wait() {
+                    Ok(Some(_)) => break,
+                    Ok(None) if Instant::now() < deadline => {
+                        std::thread::sleep(Duration::from_millis(50))
+                    }
+                    _ => {
+                        let _ = c.kill();
+                        let _ = c.wait();
+                        break;
+                    }
+                }
+            }
+        }
+        unmount_below(&self.root);
+    }
+
+    /// Stop and start again on the same root (metadata, TOCs and caches persist).
+    pub fn restart(&mut self) -> Result<()> {
+        self.stop();
+        self.spawn()
+    }
+
+    /// Run the `weenv` CLI with this daemon's config; fails on a non-zero exit.
+    pub fn weenv(&self, args: &[&str]) -> Result<String> {
+        let o = Command::new(workspace_bin("weenv")?)
+            .arg("--config")
+            .arg(&self.config)
+            .args(args)
+            .stdin(Stdio::null())
+            .output()?;
+        if !o.status.success() {
+            bail!(
+                "weenv {args:?} failed: {}{}\ndaemon log:\n{}",
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr),
+                self.log()
+            );
+        }
+        Ok(String::from_utf8_lossy(&o.stdout).into_owned())
+    }
+
+    /// `weenv pull` into containerd at `ctd_sock`, namespace `ns`.
+    pub fn pull(&self, ctd_sock: &Path, ns: &str, reference: &str) -> Result<String> {
+        let sock = ctd_sock.display().to_string();
+        self.weenv(&["pull", "-a", &sock, "-n", ns, "--plain-http", reference])
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A registry client with plain HTTP for `hosts`.
+pub fn client(hosts: &[String]) -> Result<weenv_registry::Client> {
+    Ok(weenv_registry::Client::new(
+        weenv_converter::registry_config(hosts),
+    )?)
+}
+
+/// Convert `src` to weenv at `dst` (registry to registry).
+pub async fn convert(
+    client: &weenv_registry::Client,
+    src: &str,
+    dst: &str,
+) -> Result<weenv_converter::ImageReport> {
+    Ok(weenv_converter::convert_image(
+        client,
+        &weenv_converter::ImageLocation::parse(src)?,
+        &weenv_converter::ImageLocation::parse(dst)?,
+        &weenv_converter::ConvertOptions::default(),
+        Arc::new(weenv_converter::NoProgress),
+    )
+    .await?)
+}
+
+/// Sum of the layer sizes of `reference` (the image's bytes in the registry).
+pub async fn image_layer_bytes(client: &weenv_registry::Client, reference: &str) -> Result<u64> {
+    let r: weenv_registry::Reference = reference.parse()?;
+    let (m, _) = client
+        .get_image_manifest(
+            &r,
+            "linux",
+            weenv_registry::manifest::host_platform().1,
+            None,
+        )
+        .await?;
+    Ok(m.layers.iter().map(|l| l.size).sum())
+}
+
+/// A python script printing one line per file of the root filesystem (excluding /proc,
+/// /sys, /dev and the runtime-mounted /etc files): path, type, mode, uid, gid, size,
+/// sha256 or link target, sorted xattrs, and the hardlink group (first path with that inode).
+pub const TREE_SCRIPT: &str = r#"
+import os, hashlib, stat, sys
+skip = {'/proc', '/sys', '/dev', '/etc/resolv.conf', '/etc/hosts', '/etc/hostname', '/run', '/tmp/tree'}
+first = {}
+out = []
+for d, dirs, files in os.walk('/', topdown=True):
+    dirs[:] = sorted(x for x in dirs if os.path.join(d, x) not in skip)
+    for n in sorted(dirs + files):
+        p = os.path.join(d, n)
+        if p in skip: continue
+        st = os.lstat(p)
+        kind = stat.S_IFMT(st.st_mode)
+        if stat.S_ISREG(st.st_mode):
+            h = hashlib.sha256()
+            with open(p, 'rb') as f:
+                for b in iter(lambda: f.read(1 << 20), b''): h.update(b)
+            extra = h.hexdigest()
+            link = first.setdefault((st.st_dev, st.st_ino), p) if st.st_nlink > 1 else ''
+        elif stat.S_ISLNK(st.st_mode):
+            extra, link = os.readlink(p), ''
+        elif stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
+            extra, link = '%d,%d' % (os.major(st.st_rdev), os.minor(st.st_rdev)), ''
+        else:
+            extra, link = '', ''
+        try:
+            xs = sorted((k, os.getxattr(p, k, follow_symlinks=False).hex()) for k in os.listxattr(p, follow_symlinks=False))
+        except OSError:
+            xs = []
+        size = st.st_size if not stat.S_ISDIR(st.st_mode) else 0
+        out.append('%s %o %o %d %d %d %s %s %s' % (p, kind, stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid, size, extra, xs, link))
+sys.stdout.write('\n'.join(out) + '\n')
+"#;
