@@ -237,6 +237,23 @@ impl Client {
                     )
                     .await);
             }
+            // The registry reports what it has received as `Range: 0-<last>`.
+            if let Some(range) = header_str(resp.headers(), "range") {
+                let last = range
+                    .trim()
+                    .split('-')
+                    .nth(1)
+                    .and_then(|v| v.trim().parse::<u64>().ok());
+                if last != Some(offset + n - 1) {
+                    return Err(RegistryError::Protocol {
+                        url: loc.to_string(),
+                        detail: format!(
+                            "after a chunk ending at {} the registry reports Range {range:?}",
+                            offset + n - 1
+                        ),
+                    });
+                }
+            }
             loc = Self::location(&resp, &ep)?;
             offset += n;
             if n < chunk_size as u64 {
