@@ -10,7 +10,7 @@ use weenv_integration::registry::{CountingProxy, LocalRegistry, ProxyOptions, Pr
 use weenv_registry::manifest::{OCI_CONFIG, OCI_MANIFEST};
 use weenv_registry::{
     BlobPush, BlobRangeReader, Bytes, Client, Digest, HostConfig, ImageManifest, Manifest,
-    MirrorConfig, Reference, RegistryConfig,
+    Reference, RegistryConfig,
 };
 
 fn data(n: usize, seed: u8) -> Vec<u8> {
@@ -387,26 +387,23 @@ async fn mirrors_are_tried_first_and_fall_through() {
     origin.stats().clear();
     mirror.stats().clear();
 
-    let mut cfg = plain_http(&[origin.host()]);
-    if let Some(h) = cfg.hosts.get_mut(&origin.host()) {
-        h.mirrors = vec![
-            MirrorConfig {
-                url: format!("http://127.0.0.1:{dead_port}"),
-                capabilities: vec![weenv_registry::Capability::Pull],
-                skip_verify: false,
-                override_path: false,
-            },
-            MirrorConfig {
-                url: format!("http://{}", mirror.host()),
-                capabilities: vec![
-                    weenv_registry::Capability::Pull,
-                    weenv_registry::Capability::Resolve,
-                ],
-                skip_verify: false,
-                override_path: false,
-            },
-        ];
-    }
+    // containerd-style hosts.toml: a dead mirror, then the mirror registry, then the origin
+    let certs = tmp.path().join("certs.d");
+    std::fs::create_dir_all(certs.join(origin.host())).unwrap();
+    std::fs::write(
+        certs.join(origin.host()).join("hosts.toml"),
+        format!(
+            "server = \"http://{}\"\n\n[host.\"http://127.0.0.1:{dead_port}\"]\n  capabilities = [\"pull\"]\n\n[host.\"http://{}\"]\n  capabilities = [\"pull\", \"resolve\"]\n",
+            origin.host(),
+            mirror.host()
+        ),
+    )
+    .unwrap();
+    let mut cfg = RegistryConfig {
+        docker_credentials: false,
+        hosts_dir: Some(certs),
+        ..RegistryConfig::default()
+    };
     cfg.retry.max_retries = 0;
     let client = Client::new(cfg).unwrap();
     // served by the mirror: the origin sees nothing
