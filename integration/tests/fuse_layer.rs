@@ -143,3 +143,85 @@ fn tampered_frame_is_eio_and_repair_works() -> Result<()> {
     println!("tampered read: {err}; after repair {} bytes ok", data.len());
     Ok(())
 }
+
+#[test]
+#[ignore = "needs root and /dev/fuse"]
+fn first_read_prefetches_the_rest_of_the_file() -> Result<()> {
+    let fill = weenv_snapshotter::fetch::FillConfig {
+        enabled: false,
+        dir_prefetch_frames: 0,
+        read_ahead_bytes: 64 << 20,
+        ..Default::default()
+    };
+    let fx = Fixture::new(fill, false)?;
+    let layer = TestLayer::new(fx.dir.path(), "rich", &rich_tar()?)?;
+    let dir = fx.add(&layer)?;
+    let path = "opt/deep/nested/big.bin";
+    let entry = layer
+        .toc
+        .entries
+        .iter()
+        .find(|e| e.path == path)
+        .expect("in TOC");
+    let frames: BTreeSet<u32> = entry.chunks.iter().map(|c| c.frame.0).collect();
+    ensure!(frames.len() >= 5, "big.bin spans {} frames", frames.len());
+    let f = std::fs::File::open(dir.join(path))?;
+    let mut buf = vec![0u8; 4096];
+    f.read_exact_at(&mut buf, 0)?;
+    ensure!(buf == noise(7, 4096));
+    let covered = |reqs: &[(u64, u64)]| {
+        frames.iter().all(|i| {
+            let fr = &layer.toc.frames[*i as usize];
+            reqs.iter()
+                .any(|(o, l)| *o <= fr.offset && fr.offset + fr.clen <= o + l)
+        })
+    };
+    // Read-ahead runs in the background: wait (bounded) for it.
+    for _ in 0..500 {
+        if covered(&layer.source.requests()) {
+            println!(
+                "read-ahead fetched all {} frames in {} request(s)",
+                frames.len(),
+                layer.source.requests().len()
+            );
+            let t0 = layer.source.requests().len();
+            let all = std::fs::read(dir.join(path))?;
+            ensure!(all == noise(7, 5 << 20));
+            ensure!(
+                layer.source.requests().len() == t0,
+                "whole file then read from cache"
+            );
+            return Ok(());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    anyhow::bail!(
+        "read-ahead did not fetch the file's frames: {:?}",
+        layer.source.requests()
+    )
+}
+
+#[test]
+#[ignore = "needs root and /dev/fuse"]
+fn disk_cache_survives_a_restart() -> Result<()> {
+    let tar = rich_tar()?;
+    let cache_root = tempfile::tempdir()?;
+    let path = "usr/lib/python3/email/message.py";
+    let layer_dir = tempfile::tempdir()?;
+    let layer = TestLayer::new(layer_dir.path(), "rich", &tar)?;
+    for round in 0..2 {
+        let fx = Fixture::with_cache(Fixture::strict(), false, cache_root.path())?;
+        layer.source.reset();
+        let dir = fx.add(&layer)?;
+        let data = std::fs::read(dir.join(path))?;
+        ensure!(data == std::fs::read("/usr/lib/python3.11/email/message.py")?);
+        let n = layer.source.requests().len();
+        println!("round {round}: {n} range request(s)");
+        if round == 0 {
+            ensure!(n > 0);
+        } else {
+            ensure!(n == 0, "after restart the frame came from the disk cache");
+        }
+    }
+    Ok(())
+}

@@ -78,8 +78,24 @@ pub struct Fixture {
 
 impl Fixture {
     pub fn new(fill: FillConfig, passthrough: bool) -> Result<Self> {
-        require_fuse()?;
         let dir = tempfile::Builder::new().prefix("weenv-fuse").tempdir()?;
+        let cache = dir.path().join("cache");
+        Self::build(fill, passthrough, dir, &cache)
+    }
+
+    /// Like [`new`](Self::new) with the node cache in `cache` (to test restarts).
+    pub fn with_cache(fill: FillConfig, passthrough: bool, cache: &Path) -> Result<Self> {
+        let dir = tempfile::Builder::new().prefix("weenv-fuse").tempdir()?;
+        Self::build(fill, passthrough, dir, cache)
+    }
+
+    fn build(
+        fill: FillConfig,
+        passthrough: bool,
+        dir: tempfile::TempDir,
+        cache: &Path,
+    ) -> Result<Self> {
+        require_fuse()?;
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
@@ -87,7 +103,7 @@ impl Fixture {
         let metrics = Arc::new(Metrics::new());
         let cfg = LayerStoreConfig {
             mountpoint: dir.path().join("mnt"),
-            cache_dir: dir.path().join("cache"),
+            cache_dir: cache.to_path_buf(),
             memory_cache_bytes: 64 << 20,
             disk_cache_bytes: 1 << 30,
             fill,

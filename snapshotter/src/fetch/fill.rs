@@ -269,4 +269,70 @@ mod tests {
             ]
         );
     }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn fill_waits_for_on_demand_reads_then_completes() {
+        use crate::cache::{DiskCache, MemoryCache};
+        use crate::fetch::plan::PlanLimits;
+        use crate::fetch::testutil::{build_layer, noise, tar_of, MemSource, T};
+        use crate::metrics::Metrics;
+        let files: Vec<(String, Vec<u8>)> =
+            (0..6).map(|i| (format!("f{i}"), noise(i, 3000))).collect();
+        let entries: Vec<T<'_>> = files.iter().map(|(p, d)| T::File(p, d.clone())).collect();
+        let (_, toc, blob) = build_layer(&tar_of(&entries), 4096);
+        let toc = Arc::new(toc);
+        let dir = tempfile::tempdir().unwrap();
+        let metrics = Arc::new(Metrics::new());
+        let l2 = DiskCache::open(dir.path(), 1 << 30, metrics.clone()).unwrap();
+        let store = Arc::new(FrameStore::new(
+            MemoryCache::new(1 << 20),
+            l2,
+            metrics.clone(),
+            PlanLimits::default(),
+        ));
+        let (src, gate) = MemSource::gated(blob);
+        let s: Arc<dyn BlobSource> = src.clone();
+        let on_demand = {
+            let (store, toc, s) = (store.clone(), toc.clone(), s.clone());
+            tokio::spawn(async move {
+                store
+                    .get_frames(&toc.frames, &s, &[FrameIdx(0)], Priority::OnDemand)
+                    .await
+            })
+        };
+        while src.requests().is_empty() {
+            tokio::task::yield_now().await;
+        }
+        let progress = Arc::new(FillProgress::default());
+        let cfg = FillConfig {
+            batch_bytes: 1,
+            ..FillConfig::default()
+        };
+        let fill = tokio::spawn(run_fill(
+            store.clone(),
+            toc.clone(),
+            s.clone(),
+            cfg,
+            progress.clone(),
+        ));
+        for _ in 0..200 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(
+            src.requests().len(),
+            1,
+            "fill must not send while an on-demand read is in flight"
+        );
+        assert_eq!(progress.state(), FillState::Running);
+        gate.add_permits(1000);
+        on_demand.await.unwrap().unwrap();
+        fill.await.unwrap();
+        assert_eq!(progress.state(), FillState::Done);
+        assert_eq!(
+            progress.frames_done.load(Ordering::Relaxed),
+            toc.frames.len() as u64
+        );
+        assert!(toc.frames.iter().all(|f| store.l2().contains(&f.digest)));
+        assert!(metrics.bytes_fetched_fill.load(Ordering::Relaxed) > 0);
+    }
 }
