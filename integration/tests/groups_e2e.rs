@@ -1,0 +1,342 @@
+//! Layer groups and environment plans end to end, with a stock containerd:
+//! base (Debian + python3, from an ordinary gzip image) + a task group (a small Python project
+//! with its test suite) + a pre-applied mutation group + harness:1 + an evaluator group are
+//! composed (metadata only) into an image; containerd pulls and runs it; the evaluator runs the
+//! harness and the project's tests and writes a reward file. Then only harness:2 is published
+//! and the plan recomposed: the new environment runs harness:2, and the bytes pushed for the
+//! upgrade are the harness group's size plus a few KB of manifests/configs.
+
+use anyhow::{ensure, Context, Result};
+use std::path::Path;
+use weenv_converter::group::{create_group, GroupReport, GroupSource, GroupSpec};
+use weenv_converter::mutate::{mutate_group, MutateSpec};
+use weenv_converter::plan::{compose_plan, parse_ref, publish_composed};
+use weenv_converter::registry_config;
+use weenv_converter::resolve_cache::{ResolveCache, ResolvePolicy};
+use weenv_format::group::{ConfigFragment, GroupKind};
+use weenv_format::plan::Plan;
+use weenv_format::writer::WriterOptions;
+use weenv_integration::containerd::{Containerd, ContainerdOptions};
+use weenv_integration::images;
+use weenv_integration::registry::{CountingProxy, LocalRegistry};
+use weenv_integration::util::require_root_and_bins;
+use weenv_registry::Client;
+
+const CALC: &str = "def add(a, b):\n    return a + b\n\n\ndef mul(a, b):\n    return a * b\n";
+const TEST_CALC: &str = "import unittest\n\nfrom calc import add, mul\n\n\nclass CalcTest(unittest.TestCase):\n    def test_add(self):\n        self.assertEqual(add(2, 3), 5)\n\n    def test_mul(self):\n        self.assertEqual(mul(2, 3), 6)\n\n\nif __name__ == \"__main__\":\n    unittest.main()\n";
+/// The task's mutation: a new function and its test (pre-applied as a tiny group).
+const TASK_PATCH: &str = "diff --git a/calc.py b/calc.py
+--- a/calc.py
++++ b/calc.py
+@@ -4,3 +4,7 @@ def add(a, b):
+ 
+ def mul(a, b):
+     return a * b
++
++
++def sub(a, b):
++    return a - b
+diff --git a/test_sub.py b/test_sub.py
+new file mode 100644
+--- /dev/null
++++ b/test_sub.py
+@@ -0,0 +1,5 @@
++import unittest
++from calc import sub
++class SubTest(unittest.TestCase):
++    def test_sub(self):
++        self.assertEqual(sub(5, 3), 2)
+";
+const EVAL: &str = "#!/bin/sh
+harness > /out/harness.txt 2>&1
+cd /src/proj || exit 1
+if python3 -m unittest -v > /out/tests.txt 2>&1; then echo 1 > /out/reward; else echo 0 > /out/reward; fi
+";
+
+fn write(root: &Path, rel: &str, content: &str, mode: u32) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let p = root.join(rel);
+    std::fs::create_dir_all(p.parent().context("parent")?)?;
+    std::fs::write(&p, content)?;
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode))?;
+    Ok(())
+}
+
+fn spec(kind: GroupKind, name: &str, fragment: ConfigFragment) -> GroupSpec {
+    GroupSpec {
+        kind,
+        name: name.into(),
+        fragment,
+        platform: None,
+    }
+}
+
+async fn dir_group(
+    client: &Client,
+    dir: &Path,
+    spec: &GroupSpec,
+    target: &str,
+    scratch: &Path,
+) -> Result<GroupReport> {
+    Ok(create_group(
+        client,
+        &GroupSource::Dir(dir.to_path_buf()),
+        spec,
+        &parse_ref(target)?,
+        scratch,
+        &WriterOptions::default(),
+    )
+    .await?)
+}
+
+/// A harness: an entry point and 1 MiB of incompressible "SDK" payload (unique per version).
+fn harness_dir(root: &Path, version: u32) -> Result<()> {
+    use sha2::{Digest as _, Sha256};
+    let mut payload = Vec::with_capacity(1 << 20);
+    let mut h = Sha256::digest(format!("harness-{version}").as_bytes()).to_vec();
+    while payload.len() < 1 << 20 {
+        h = Sha256::digest(&h).to_vec();
+        payload.extend_from_slice(&h);
+    }
+    let p = root.join("opt/harness/lib/sdk.bin");
+    std::fs::create_dir_all(p.parent().context("parent")?)?;
+    std::fs::write(p, payload)?;
+    write(
+        root,
+        "opt/harness/bin/harness",
+        &format!("#!/usr/bin/python3\nprint(\"harness v{version} running\")\n"),
+        0o755,
+    )
+}
+
+async fn compose_publish(client: &Client, plan_text: &str, target: &str) -> Result<String> {
+    let plan = Plan::parse(plan_text)?;
+    let mut cache = ResolveCache::in_memory();
+    let (groups, composed) =
+        compose_plan(client, &plan, &mut cache, 0, ResolvePolicy::default()).await?;
+    let r = publish_composed(client, &groups, &composed, &parse_ref(target)?).await?;
+    ensure!(r.manifest_digest == Some(composed.manifest_digest.clone()));
+    Ok(composed.manifest_digest.to_string())
+}
+
+fn run_env(ctd: &Containerd, image: &str, id: &str, out: &Path) -> Result<()> {
+    std::fs::create_dir_all(out)?;
+    ctd.ctr_ok(&["images", "pull", "--plain-http", image])?;
+    let mount = format!("type=bind,src={},dst=/out,options=rbind:rw", out.display());
+    ctd.ctr_ok(&["run", "--rm", "--mount", &mount, image, id])?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs root, containerd, runc, docker-registry, skopeo, umoci, debootstrap (or host python3)"]
+async fn groups_compose_run_and_upgrade_harness() -> Result<()> {
+    require_root_and_bins(&[
+        "containerd",
+        "ctr",
+        "runc",
+        "docker-registry",
+        "skopeo",
+        "umoci",
+    ])?;
+    let tmp = tempfile::tempdir()?;
+    let reg = LocalRegistry::start(tmp.path())?;
+    let proxy = CountingProxy::start(reg.addr())?;
+    let host = proxy.host();
+    let client = Client::new(registry_config(&[host.clone()]))?;
+    let scratch = tmp.path().join("scratch");
+    std::fs::create_dir_all(&scratch)?;
+
+    // base: all layers of an ordinary Debian+python3 image, converted to weenv layers
+    let img = match images::python() {
+        Ok(i) => i,
+        Err(e) => {
+            eprintln!("debootstrap image unavailable ({e:#}); using python_fast");
+            images::python_fast()?
+        }
+    };
+    images::push_oci_layout(&img, &format!("{}/src/python:1", reg.host()))?;
+    let src = format!("{host}/src/python:1");
+    let host_p = weenv_format::group::Platform::host();
+    let (m, _) = client
+        .get_image_manifest(&parse_ref(&src)?, &host_p.os, &host_p.architecture, None)
+        .await?;
+    let base = create_group(
+        &client,
+        &GroupSource::Image {
+            reference: src.clone(),
+            layers: 0..m.layers.len(),
+        },
+        &spec(GroupKind::Base, "debian-python", ConfigFragment::default()),
+        &parse_ref(&format!("{host}/weenv/base:1"))?,
+        &scratch,
+        &WriterOptions::default(),
+    )
+    .await?;
+    ensure!(base.built.config.diff_ids.len() == m.layers.len());
+
+    // task: one repository (shared by all tasks on it)
+    let task_dir = tmp.path().join("task");
+    write(&task_dir, "src/proj/calc.py", CALC, 0o644)?;
+    write(&task_dir, "src/proj/test_calc.py", TEST_CALC, 0o644)?;
+    let task_spec = spec(
+        GroupKind::Task,
+        "calc",
+        ConfigFragment {
+            workdir: Some("/src/proj".into()),
+            ..Default::default()
+        },
+    );
+    dir_group(
+        &client,
+        &task_dir,
+        &task_spec,
+        &format!("{host}/weenv/task-calc:1"),
+        &scratch,
+    )
+    .await?;
+
+    // per-task mutation, pre-applied: a tiny group with only the changed files
+    let (mutation, summary) = mutate_group(
+        &client,
+        &format!("{host}/weenv/task-calc:1"),
+        TASK_PATCH.as_bytes(),
+        &MutateSpec {
+            name: "calc-task-1".into(),
+            root: "/src/proj".into(),
+            strip: 1,
+        },
+        &parse_ref(&format!("{host}/weenv/task-calc-1:1"))?,
+        &scratch,
+        &WriterOptions::default(),
+    )
+    .await?;
+    ensure!(
+        summary.written
+            == vec![
+                "src/proj/calc.py".to_string(),
+                "src/proj/test_sub.py".into()
+            ],
+        "{summary:?}"
+    );
+    ensure!(
+        mutation.layers.len() == 1 && mutation.layers[0].1 < 4096,
+        "{:?}",
+        mutation.layers
+    );
+
+    // harness:1 and the evaluator
+    let h1 = tmp.path().join("h1");
+    harness_dir(&h1, 1)?;
+    let harness_spec = spec(
+        GroupKind::Harness,
+        "harness",
+        ConfigFragment {
+            env: vec!["PATH=/opt/harness/bin".into()],
+            ..Default::default()
+        },
+    );
+    dir_group(
+        &client,
+        &h1,
+        &harness_spec,
+        &format!("{host}/weenv/harness:1"),
+        &scratch,
+    )
+    .await?;
+    let ev = tmp.path().join("eval");
+    write(&ev, "eval/run.sh", EVAL, 0o755)?;
+    let eval_spec = spec(
+        GroupKind::Evaluator,
+        "unittest-eval",
+        ConfigFragment {
+            cmd: Some(vec!["/bin/sh".into(), "/eval/run.sh".into()]),
+            ..Default::default()
+        },
+    );
+    dir_group(
+        &client,
+        &ev,
+        &eval_spec,
+        &format!("{host}/weenv/eval:1"),
+        &scratch,
+    )
+    .await?;
+
+    let plan = |harness: &str| {
+        format!(
+            "version = 1\ngroups = [\"{host}/weenv/base:1\", \"{host}/weenv/task-calc:1\", \"{host}/weenv/harness:{harness}\", \"{host}/weenv/eval:1\"]\n\
+             [mutation]\nmode = \"pre-applied\"\ngroup = \"{host}/weenv/task-calc-1:1\"\n"
+        )
+    };
+    let env1 = format!("{host}/weenv/env:calc-1-h1");
+    compose_publish(&client, &plan("1"), &env1).await?;
+
+    let ctd = Containerd::start(ContainerdOptions::default())?;
+    let out1 = tmp.path().join("out1");
+    run_env(&ctd, &env1, "groups-e2e-1", &out1)?;
+    let read = |d: &Path, f: &str| std::fs::read_to_string(d.join(f)).unwrap_or_default();
+    ensure!(
+        read(&out1, "reward").trim() == "1",
+        "reward {:?}; tests: {}; harness: {}",
+        read(&out1, "reward"),
+        read(&out1, "tests.txt"),
+        read(&out1, "harness.txt")
+    );
+    ensure!(
+        read(&out1, "harness.txt").contains("harness v1"),
+        "{}",
+        read(&out1, "harness.txt")
+    );
+    ensure!(
+        read(&out1, "tests.txt").contains("test_sub"),
+        "mutation missing: {}",
+        read(&out1, "tests.txt")
+    );
+
+    // upgrade: publish harness:2 only, recompose, count what was pushed
+    proxy.stats().clear();
+    let h2 = tmp.path().join("h2");
+    harness_dir(&h2, 2)?;
+    let h2r = dir_group(
+        &client,
+        &h2,
+        &harness_spec,
+        &format!("{host}/weenv/harness:2"),
+        &scratch,
+    )
+    .await?;
+    let env2 = format!("{host}/weenv/env:calc-1-h2");
+    compose_publish(&client, &plan("2"), &env2).await?;
+    let pushed: u64 = proxy
+        .stats()
+        .requests()
+        .iter()
+        .map(|r| r.request_bytes)
+        .sum();
+    let harness_layer: u64 = h2r.layers.iter().map(|l| l.1).sum();
+    let harness_group =
+        harness_layer + h2r.built.config_json.len() as u64 + h2r.built.manifest_json.len() as u64;
+    println!("upgrade pushed {pushed} bytes; harness:2 group {harness_group} bytes (layer {harness_layer})");
+    ensure!(
+        pushed >= harness_group,
+        "pushed {pushed} < harness group {harness_group}"
+    );
+    ensure!(
+        pushed <= harness_group + 8192,
+        "upgrade pushed {pushed} bytes, more than the harness group ({harness_group}) + 8 KiB of metadata"
+    );
+
+    let out2 = tmp.path().join("out2");
+    run_env(&ctd, &env2, "groups-e2e-2", &out2)?;
+    ensure!(
+        read(&out2, "harness.txt").contains("harness v2"),
+        "{}",
+        read(&out2, "harness.txt")
+    );
+    ensure!(
+        read(&out2, "reward").trim() == "1",
+        "{}",
+        read(&out2, "tests.txt")
+    );
+    Ok(())
+}
