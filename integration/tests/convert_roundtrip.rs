@@ -19,24 +19,37 @@ async fn debian_python_layers_round_trip() -> Result<()> {
     let tmp = tempfile::tempdir()?;
     let out = tmp.path().join("out");
     let client = client(&[])?;
-    let report = convert(&client, &img.oci_ref(), &format!("oci:{}:weenv", out.display())).await?;
+    let report = convert(
+        &client,
+        &img.oci_ref(),
+        &format!("oci:{}:weenv", out.display()),
+    )
+    .await?;
     let src = layout_manifest(&img.layout, &img.tag)?;
     let dst = layout_manifest(&out, "weenv")?;
     let ids = layout_diff_ids(&img.layout, &src)?;
     ensure!(dst.config == src.config, "config descriptor changed");
     ensure!(src.layers.len() >= 3 && dst.layers.len() == src.layers.len());
     let total: u64 = report.manifests[0].layers.iter().map(|l| l.tar_size).sum();
-    ensure!(total >= 150 << 20, "test image is only {total} bytes of tar");
+    ensure!(
+        total >= 150 << 20,
+        "test image is only {total} bytes of tar"
+    );
     for (i, (s, d)) in src.layers.iter().zip(&dst.layers).enumerate() {
         let sblob = blob_path(&img.layout, s.digest.as_str());
         let dblob = blob_path(&out, d.digest.as_str());
         let (sh, sn) = hash_of_command_output("gzip", &["-dc"], &sblob)?;
         let (dh, dn) = hash_of_command_output("zstd", &["-dcq"], &dblob)?;
-        ensure!(sh == dh && sn == dn, "layer {i}: zstd -d gives {dh} ({dn} B), source tar is {sh} ({sn} B)");
+        ensure!(
+            sh == dh && sn == dn,
+            "layer {i}: zstd -d gives {dh} ({dn} B), source tar is {sh} ({sn} B)"
+        );
         ensure!(dh == ids[i], "layer {i}: stream {dh} != diff_id {}", ids[i]);
-        compare_entries(&sblob, &dblob, &d.annotations)
-            .with_context(|| format!("layer {i}"))?;
-        println!("layer {i}: {sn} B tar, {} B gzip -> {} B weenv: identical", s.size, d.size);
+        compare_entries(&sblob, &dblob, &d.annotations).with_context(|| format!("layer {i}"))?;
+        println!(
+            "layer {i}: {sn} B tar, {} B gzip -> {} B weenv: identical",
+            s.size, d.size
+        );
     }
     Ok(())
 }
@@ -54,17 +67,28 @@ fn compare_entries(
     let (mut files, mut bytes) = (0u64, 0u64);
     for e in ar.entries()? {
         let mut e = e?;
-        let path = e.path()?.to_string_lossy().trim_start_matches("./").trim_end_matches('/').to_string();
+        let path = e
+            .path()?
+            .to_string_lossy()
+            .trim_start_matches("./")
+            .trim_end_matches('/')
+            .to_string();
         let h = e.header().clone();
         let te = reader
             .entry(&path)
             .with_context(|| format!("{path:?} missing from the TOC"))?;
         ensure!(te.mode & 0o7777 == h.mode()? & 0o7777, "{path}: mode");
-        ensure!(u64::from(te.uid) == h.uid()? && u64::from(te.gid) == h.gid()?, "{path}: owner");
+        ensure!(
+            u64::from(te.uid) == h.uid()? && u64::from(te.gid) == h.gid()?,
+            "{path}: owner"
+        );
         ensure!(te.mtime as u64 == h.mtime()?, "{path}: mtime");
         match h.entry_type() {
             tar::EntryType::Regular | tar::EntryType::Continuous => {
-                ensure!(te.kind == EntryKind::File && te.size == h.size()?, "{path}: kind/size");
+                ensure!(
+                    te.kind == EntryKind::File && te.size == h.size()?,
+                    "{path}: kind/size"
+                );
                 let mut want = Vec::new();
                 e.read_to_end(&mut want)?;
                 let got = reader.read_file(&path, 0, te.size)?;
@@ -75,7 +99,10 @@ fn compare_entries(
             tar::EntryType::Symlink => {
                 let target = h.link_name()?.context("symlink target")?;
                 ensure!(te.kind == EntryKind::Symlink, "{path}: kind");
-                ensure!(te.link.as_deref() == Some(&*target.to_string_lossy()), "{path}: target");
+                ensure!(
+                    te.link.as_deref() == Some(&*target.to_string_lossy()),
+                    "{path}: target"
+                );
             }
             tar::EntryType::Directory => ensure!(te.kind == EntryKind::Dir, "{path}: kind"),
             tar::EntryType::Link => ensure!(te.kind == EntryKind::Hardlink, "{path}: kind"),
