@@ -55,6 +55,7 @@ async fn setup(fill: bool) -> Result<Env> {
         &DaemonOptions {
             plain_http: vec![host.clone()],
             fill,
+            fill_extra: String::new(),
         },
     )?;
     let ctd = Containerd::start(ContainerdOptions {

@@ -122,9 +122,16 @@ pub struct FillSection {
     /// Rate cap in bytes/second, 0 = unlimited. Default 0.
     #[serde(default)]
     pub rate_bytes_per_sec: u64,
-    /// Concurrent fill requests per daemon. Default 4.
+    /// Concurrent fill requests per layer. Default 4.
     #[serde(default = "default_fill_concurrency")]
     pub concurrency: usize,
+    /// On-demand read-ahead window per file, bytes; 0 = off. Default: the layer store's (8 MiB).
+    #[serde(default)]
+    pub read_ahead_bytes: Option<u64>,
+    /// Frames of small files prefetched when a directory is first looked into; 0 = off.
+    /// Default: the layer store's (4).
+    #[serde(default)]
+    pub dir_prefetch_frames: Option<usize>,
 }
 
 /// FUSE session.
@@ -212,6 +219,8 @@ impl Default for FillSection {
             enabled: true,
             rate_bytes_per_sec: 0,
             concurrency: default_fill_concurrency(),
+            read_ahead_bytes: None,
+            dir_prefetch_frames: None,
         }
     }
 }

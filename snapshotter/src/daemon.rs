@@ -62,11 +62,19 @@ pub fn layer_store_config(cfg: &Config) -> LayerStoreConfig {
         cache_dir: cfg.cache_dir(),
         memory_cache_bytes: cfg.cache.memory_bytes,
         disk_cache_bytes: cfg.cache.disk_bytes,
-        fill: FillConfig {
-            enabled: cfg.fill.enabled,
-            concurrency: cfg.fill.concurrency,
-            rate_limit_bytes_per_sec: cfg.fill.rate_bytes_per_sec,
-            ..FillConfig::default()
+        fill: {
+            let d = FillConfig::default();
+            FillConfig {
+                enabled: cfg.fill.enabled,
+                concurrency: cfg.fill.concurrency,
+                rate_limit_bytes_per_sec: cfg.fill.rate_bytes_per_sec,
+                read_ahead_bytes: cfg.fill.read_ahead_bytes.unwrap_or(d.read_ahead_bytes),
+                dir_prefetch_frames: cfg
+                    .fill
+                    .dir_prefetch_frames
+                    .unwrap_or(d.dir_prefetch_frames),
+                ..d
+            }
         },
         fuse_threads: cfg.fuse.threads,
         passthrough: cfg.fuse.passthrough,

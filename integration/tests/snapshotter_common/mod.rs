@@ -19,6 +19,8 @@ pub struct DaemonOptions {
     pub plain_http: Vec<String>,
     /// Background fill (off when a test counts bytes fetched for a workload).
     pub fill: bool,
+    /// Extra lines appended to the `[fill]` section (tuning).
+    pub fill_extra: String,
 }
 
 /// A running `weenv-snapshotter`.
@@ -43,12 +45,13 @@ impl Daemon {
             "version = 1\nroot_dir = {root:?}\nsocket = {sock:?}\nlog_level = \"info,weenv_snapshotter=debug\"\n\
              [registry]\nplain_http = [{hosts}]\nhosts_dir = {hd:?}\n\
              [cache]\nmemory_bytes = 67108864\ndisk_bytes = 4294967296\n\
-             [fill]\nenabled = {fill}\n[observability]\nlisten = {status_addr:?}\n",
+             [fill]\nenabled = {fill}\n{fill_extra}\n[observability]\nlisten = {status_addr:?}\n",
             root = root.join("state").display().to_string(),
             sock = socket.display().to_string(),
             hosts = hosts.join(", "),
             hd = root.join("no-hosts-dir").display().to_string(),
             fill = opts.fill,
+            fill_extra = opts.fill_extra,
         );
         let config = root.join("config.toml");
         std::fs::write(&config, cfg)?;
