@@ -185,3 +185,61 @@ async fn bearer_token_flow_with_docker_config_credentials() {
         Err(RegistryError::Token { .. })
     ));
 }
+
+/// Concurrent first requests share one token fetch; a rejected token is replaced once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs docker-registry"]
+async fn concurrent_requests_fetch_one_token() {
+    let tmp = tempfile::tempdir().unwrap();
+    let reg = LocalRegistry::start(tmp.path()).unwrap();
+    let auth = TokenAuth {
+        user: "u".into(),
+        password: "p".into(),
+        service: "svc".into(),
+        allow_anonymous: true,
+    };
+    let proxy = CountingProxy::start_with(
+        reg.addr(),
+        ProxyOptions {
+            auth: Some(auth),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let host = proxy.host();
+    let empty = tmp.path().join("nodocker");
+    let client = Client::new(config(&host, &empty)).unwrap();
+    let r: Reference = format!("{host}/c/d:1").parse().unwrap();
+    let blob: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
+    let d = Digest::sha256(&blob);
+    client
+        .push_blob(&r, &d, Bytes::from(blob.clone()))
+        .await
+        .unwrap();
+    let st = proxy.stats();
+    st.clear();
+    let fresh = Client::new(config(&host, &empty)).unwrap();
+    let mut tasks = Vec::new();
+    for i in 0..16u64 {
+        let (c, r, d) = (fresh.clone(), r.clone(), d.clone());
+        tasks.push(tokio::spawn(async move {
+            c.get_blob_range(&r, &d, i * 1000, 100).await
+        }));
+    }
+    for (i, t) in tasks.into_iter().enumerate() {
+        let got = t.await.unwrap().unwrap();
+        assert_eq!(&got[..], &blob[i * 1000..i * 1000 + 100]);
+    }
+    let token_reqs = st
+        .requests()
+        .iter()
+        .filter(|q| q.path.starts_with("/token"))
+        .count();
+    assert_eq!(
+        token_reqs,
+        1,
+        "one token for 16 concurrent requests: {:#?}",
+        st.summary()
+    );
+    assert_eq!(fresh.stats().token_requests, 1);
+}

@@ -361,13 +361,16 @@ impl Authenticator {
         }
     }
 
-    /// Handle a 401: remember the challenge, drop the stale token. Returns false when the
-    /// challenge cannot be answered (unknown scheme, or Basic without credentials).
+    /// Handle a 401 to a request sent with authorization `sent`: remember the challenge and
+    /// drop the token that was rejected (only that one: a concurrent request may already have
+    /// cached a fresh token). Returns false when the challenge cannot be answered (unknown
+    /// scheme, or Basic without credentials).
     pub(crate) async fn on_unauthorized(
         &self,
         host: &str,
         www_authenticate: Option<&str>,
         scopes: &[String],
+        sent: Option<&str>,
     ) -> bool {
         let Some(ch) = www_authenticate.and_then(parse_www_authenticate) else {
             return false;
@@ -378,7 +381,13 @@ impl Authenticator {
             }
         }
         lock(&self.challenges).insert(host.to_string(), ch);
-        lock(&self.tokens).invalidate(host, &scopes.join(" "));
+        if let Some(rejected) = sent.and_then(|s| s.strip_prefix("Bearer ")) {
+            let key = scopes.join(" ");
+            let mut tokens = lock(&self.tokens);
+            if tokens.get(host, &key, Instant::now()) == Some(rejected) {
+                tokens.invalidate(host, &key);
+            }
+        }
         true
     }
 }

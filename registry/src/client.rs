@@ -248,7 +248,7 @@ impl Client {
                     if self
                         .inner
                         .auth
-                        .on_unauthorized(&ep.host, www.as_deref(), &req.scopes)
+                        .on_unauthorized(&ep.host, www.as_deref(), &req.scopes, authz.as_deref())
                         .await
                     {
                         drain(resp).await;

@@ -35,6 +35,7 @@ struct Seen {
     method: String,
     path: String,
     headers: HashMap<String, String>,
+    body: Vec<u8>,
 }
 
 struct Mock {
@@ -89,6 +90,7 @@ async fn mock(answers: Vec<Answer>) -> Mock {
                         method: method.clone(),
                         path,
                         headers,
+                        body,
                     });
                     let answer = q.lock().unwrap().pop_front().unwrap_or(status(500));
                     match answer {
@@ -456,4 +458,40 @@ async fn blob_stream_resumes_after_a_broken_body() {
     assert_eq!(seen.len(), 2);
     assert!(!seen[0].headers.contains_key("range"));
     assert_eq!(seen[1].headers["range"], "bytes=5-");
+}
+
+#[tokio::test]
+async fn identity_token_uses_oauth2_refresh() {
+    let tokm = mock(vec![ok(br#"{"access_token":"A1"}"#)]).await;
+    let challenge = format!(
+        "Bearer realm=\"http://{}/oauth\",service=\"svc\"",
+        tokm.host
+    );
+    let m = mock(vec![
+        Answer::Http(401, vec![("WWW-Authenticate", challenge)], vec![]),
+        ok(b"x"),
+    ])
+    .await;
+    let creds = CredentialSource::Static(HashMap::from([(
+        m.host.clone(),
+        Credential::IdentityToken("R-1".into()),
+    )]));
+    let c = m.client(creds);
+    assert_eq!(
+        c.head_blob(&m.reference(), &Digest::sha256(b"x"))
+            .await
+            .unwrap(),
+        Some(1)
+    );
+    let t = tokm.seen();
+    assert_eq!(
+        (t[0].method.as_str(), t[0].path.as_str()),
+        ("POST", "/oauth")
+    );
+    let body = String::from_utf8(t[0].body.clone()).unwrap();
+    assert_eq!(
+        body,
+        "grant_type=refresh_token&client_id=weenv&refresh_token=R-1&service=svc&scope=repository%3Aa%2Fb%3Apull"
+    );
+    assert_eq!(m.seen()[1].headers["authorization"], "Bearer A1");
 }
