@@ -336,6 +336,10 @@ impl Client {
             }
             let body_len = req.body.as_ref().map_or(0, |b| b.len() as u64);
             if let Some(b) = &req.body {
+                if b.is_empty() {
+                    // hyper omits `Content-Length: 0`; some front proxies answer 411 without it
+                    rb = rb.header(reqwest::header::CONTENT_LENGTH, "0");
+                }
                 rb = rb.body(b.clone());
             }
             self.inner.stats.count_request(req.kind, body_len);

@@ -227,6 +227,7 @@ async fn patch_is_not_retried() {
     );
     let methods: Vec<_> = m.seen().into_iter().map(|s| s.method).collect();
     assert_eq!(methods, ["HEAD", "POST", "PATCH"]);
+    assert_eq!(m.seen()[1].headers["content-length"], "0");
     assert_eq!(m.seen()[2].headers["content-range"], "0-63");
 }
 

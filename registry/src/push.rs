@@ -56,6 +56,8 @@ impl Client {
             Kind::Post,
             scopes,
         );
+        // An explicit empty body sends `Content-Length: 0` (proxies answer 411 without it).
+        req.body = Some(Bytes::new());
         req.idempotent = true;
         self.execute(r.registry(), Capability::Push, &req).await
     }
@@ -269,12 +271,13 @@ impl Client {
                 actual: actual.to_string(),
             });
         }
-        let put = Req::new(
+        let mut put = Req::new(
             Method::PUT,
             Target::Url(finalize_url(&loc, d)),
             Kind::Put,
             Self::push_scopes(r),
         );
+        put.body = Some(Bytes::new());
         let resp = self.execute_on(&ep, &put).await?;
         if resp.status().as_u16() != 201 {
             return Err(self
