@@ -17,7 +17,8 @@ use crate::{
 use std::collections::HashMap;
 
 /// Bytes read from the tail when no hint is given.
-pub const SPECULATIVE_TAIL: u64 = 256 << 10;
+/// 512 KiB: a rootfs-sized layer (~11k entries, 1.2 GB) has a ~260 KiB TOC.
+pub const SPECULATIVE_TAIL: u64 = 512 << 10;
 /// Largest TOC frame + footer a reader accepts.
 pub const MAX_TOC_RANGE: u64 = MAX_TOC_COMPRESSED + (SKIPPABLE_HEADER + FOOTER_SIZE) as u64;
 
@@ -210,6 +211,16 @@ pub struct LayerReader<R> {
 impl<R: RangeRead> LayerReader<R> {
     /// Open a layer: locate, verify and validate its TOC (see module docs for the reads made).
     pub fn open(r: R, hint: Option<TocHint>) -> Result<Self, FormatError> {
+        Self::open_with_tail(r, hint, SPECULATIVE_TAIL)
+    }
+
+    /// [`LayerReader::open`] with a different speculative tail length (used without a hint;
+    /// at least the footer is always read).
+    pub fn open_with_tail(
+        r: R,
+        hint: Option<TocHint>,
+        speculative_tail: u64,
+    ) -> Result<Self, FormatError> {
         let (footer, toc, blob_size) = match hint {
             Some(h) => {
                 if h.length < (SKIPPABLE_HEADER + FOOTER_SIZE) as u64 || h.length > MAX_TOC_RANGE {
@@ -248,7 +259,7 @@ impl<R: RangeRead> LayerReader<R> {
                         available: size,
                     });
                 }
-                let tail_len = size.min(SPECULATIVE_TAIL);
+                let tail_len = size.min(speculative_tail.max(FOOTER_SIZE as u64));
                 let tail = read(&r, size - tail_len, tail_len, "blob tail")?;
                 let footer = Footer::parse(&tail)?;
                 let tail = match locate(&footer, &tail, size) {

@@ -264,6 +264,14 @@ fn check(tar: &[u8], exp: &[Expect], opts: &WriterOptions) -> Result<(), TestCas
     let r2 = LayerReader::open(&counting2, None).unwrap();
     prop_assert_eq!(counting2.reads.get(), 1);
     prop_assert_eq!(r2.toc(), r.toc());
+    // A tail read too short for the TOC: exactly one more read.
+    let counting3 = Counting::new(blob.clone());
+    let r3 = LayerReader::open_with_tail(&counting3, None, 100).unwrap();
+    prop_assert_eq!(
+        counting3.reads.get(),
+        if sum.toc_length <= 100 { 1 } else { 2 }
+    );
+    prop_assert_eq!(r3.toc(), r.toc());
     let v = r.verify().unwrap();
     prop_assert_eq!(&v.diff_id, &sum.diff_id);
     prop_assert_eq!(v.frames, sum.frame_count);
