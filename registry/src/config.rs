@@ -247,7 +247,12 @@ impl RegistryConfig {
             None if hc.plain_http => format!("http://{api_host}"),
             None => format!("https://{api_host}"),
         };
-        let (root, host) = api_root(&format!("hosts.{registry:?}.server"), &server, false)?;
+        let (mut root, mut host) = api_root(&format!("hosts.{registry:?}.server"), &server, false)?;
+        if host == DOCKER_HUB {
+            // containerd's rule: `server = "https://docker.io"` means the Hub's API host
+            root = root.replacen(DOCKER_HUB, DOCKER_HUB_API, 1);
+            host = DOCKER_HUB_API.to_string();
+        }
         out.push(Endpoint {
             api_root: root,
             host,
@@ -481,6 +486,11 @@ mod tests {
                 "https://registry-1.docker.io/v2"
             ]
         );
+        let hc = parse_hosts_toml("docker.io", "server = \"https://docker.io\"").unwrap();
+        c.hosts.insert("docker.io".into(), hc);
+        let e = c.endpoints("docker.io", Capability::Pull).unwrap();
+        assert_eq!(e[0].api_root, "https://registry-1.docker.io/v2");
+        assert_eq!(e[0].host, "registry-1.docker.io");
         // plain http server
         let hc = parse_hosts_toml("r:1", "server = \"http://r:1\"").unwrap();
         assert!(hc.plain_http);
