@@ -14,7 +14,7 @@ WEENV_APT_PACKAGES=(
   debootstrap         # Debian rootfs test image from the configured apt mirror
   iproute2
   stargz-snapshotter  # ctr-remote: eStargz comparison in the benchmark
-  python3 pkg-config gcc ca-certificates
+  python3 pkg-config gcc ca-certificates curl
 )
 
 weenv_install_deps() {
