@@ -60,6 +60,52 @@ pub enum Cmd {
         #[arg(long)]
         endpoint: Option<String>,
     },
+    /// Compose an environment plan, publish it, pull it lazily, apply its at-init mutation
+    /// and run it: `weenv run PLAN --image REF [-- cmd...]`.
+    Run(Box<RunArgs>),
+}
+
+/// Arguments of `weenv run`.
+#[derive(clap::Args, Debug)]
+pub struct RunArgs {
+    /// Plan file (TOML).
+    pub plan: PathBuf,
+    /// Reference to publish the composed image to (the groups' registry).
+    #[arg(long)]
+    pub image: String,
+    #[arg(short, long, default_value = "default")]
+    pub namespace: String,
+    #[arg(short, long, default_value = "/run/containerd/containerd.sock")]
+    pub address: PathBuf,
+    #[arg(long, default_value = "weenv")]
+    pub snapshotter: String,
+    /// containerd runtime, e.g. io.containerd.weenv.v1.
+    #[arg(long)]
+    pub runtime: Option<String>,
+    /// Container id.
+    #[arg(long)]
+    pub id: Option<String>,
+    /// ctr-style mount spec (repeatable), e.g. type=bind,src=/out,dst=/out,options=rbind:rw.
+    #[arg(long = "mount")]
+    pub mounts: Vec<String>,
+    /// Talk plain HTTP to the image's registry.
+    #[arg(long)]
+    pub plain_http: bool,
+    /// Keep the container after the task exits.
+    #[arg(long)]
+    pub keep: bool,
+    /// Resolution cache directory (default ~/.cache/weenv).
+    #[arg(long)]
+    pub cache_dir: Option<PathBuf>,
+    /// Seconds a resolved group tag stays valid.
+    #[arg(long, default_value_t = 300)]
+    pub ttl: u64,
+    /// Re-resolve every group tag now.
+    #[arg(long)]
+    pub refresh: bool,
+    /// Command (default: the image's).
+    #[arg(last = true)]
+    pub cmd: Vec<String>,
 }
 
 fn load_config(path: &PathBuf) -> Result<Config> {
@@ -134,6 +180,44 @@ pub async fn run(cli: Cli) -> Result<()> {
                 let r: crate::status::StatusReport =
                     serde_json::from_str(&body).context("parsing /status")?;
                 print!("{}", crate::status::render_text(&r));
+            }
+        }
+        Cmd::Run(a) => {
+            let mut rc = cfg.registry_config();
+            if a.plain_http {
+                let r: weenv_registry::Reference = a.image.parse()?;
+                rc.hosts
+                    .entry(r.registry().to_string())
+                    .or_default()
+                    .plain_http = true;
+            }
+            let registry = weenv_registry::Client::new(rc)?;
+            let o = crate::run::RunOptions {
+                plan: a.plan,
+                image: a.image,
+                address: a.address,
+                namespace: a.namespace,
+                snapshotter: a.snapshotter,
+                runtime: a.runtime,
+                id: a.id,
+                mounts: a.mounts,
+                cmd: a.cmd,
+                keep: a.keep,
+                cache_dir: a
+                    .cache_dir
+                    .unwrap_or_else(weenv_converter::resolve_cache::default_cache_dir),
+                policy: weenv_converter::resolve_cache::ResolvePolicy {
+                    ttl: std::time::Duration::from_secs(a.ttl),
+                    refresh: a.refresh,
+                },
+            };
+            let rep = crate::run::run_plan(&registry, &o).await?;
+            eprintln!(
+                "weenv run: {} compose {:.1} ms, pull {:.1} ms, mutation {:.1} ms, exit {}",
+                rep.manifest_digest, rep.compose_ms, rep.pull_ms, rep.mutation_ms, rep.exit_code
+            );
+            if rep.exit_code != 0 {
+                bail!("task exited with status {}", rep.exit_code);
             }
         }
         Cmd::Metrics { endpoint: e } => {

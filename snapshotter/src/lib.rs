@@ -11,7 +11,7 @@
 //! - [`daemon`]: wiring (store, FUSE layer store, remount, servers).
 //! - snapshotter-fs parts: [`layers`] (FUSE layer store), [`fs`], [`cache`], [`fetch`], [`metrics`].
 //!
-//! CLI side: [`pull`] (`weenv pull`), [`cli`] (status/metrics client).
+//! CLI side: [`pull`] (`weenv pull`), [`run`] (`weenv run PLAN`), [`cli`] (status/metrics client).
 
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 
@@ -23,6 +23,7 @@ pub mod http;
 pub mod mounts;
 pub mod pull;
 pub mod remote;
+pub mod run;
 pub mod service;
 pub mod status;
 pub mod store;
