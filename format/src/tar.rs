@@ -617,4 +617,41 @@ mod tests {
         s.apply(&pax_record("GNU.sparse.major", b"1"), 0).unwrap();
         assert!(s.sparse);
     }
+
+    fn block(name: &[u8], prefix: &[u8], typeflag: u8, posix: bool) -> [u8; BLOCK] {
+        let mut b = [0u8; BLOCK];
+        b[..name.len()].copy_from_slice(name);
+        b[100..108].copy_from_slice(b"0000644\0");
+        b[124..136].copy_from_slice(b"00000000000\0");
+        b[156] = typeflag;
+        if posix {
+            b[257..265].copy_from_slice(b"ustar\x0000");
+            b[345..345 + prefix.len()].copy_from_slice(prefix);
+        }
+        b[148..156].fill(b' ');
+        let sum: u32 = b.iter().map(|x| u32::from(*x)).sum();
+        b[148..156].copy_from_slice(format!("{sum:06o}\0 ").as_bytes());
+        b
+    }
+
+    #[test]
+    fn headers() {
+        let h = parse_header(&block(b"name", b"pre/fix", b'0', true), 0).unwrap();
+        assert_eq!(h.name, b"pre/fix/name");
+        assert_eq!(h.mode, 0o644);
+        // V7 (no magic): the prefix area is not a prefix.
+        let h = parse_header(&block(b"name", b"", b'0', false), 0).unwrap();
+        assert_eq!(h.name, b"name");
+        // Signed checksum (bytes >= 0x80 counted negative) is accepted.
+        let mut b = block("caf\u{e9}".as_bytes(), b"", b'0', true);
+        b[148..156].fill(b' ');
+        let ssum: i64 = b.iter().map(|x| i64::from(*x as i8)).sum();
+        b[148..156].copy_from_slice(format!("{ssum:06o}\0 ").as_bytes());
+        assert!(parse_header(&b, 0).is_ok());
+        b[0] ^= 1;
+        assert!(matches!(
+            parse_header(&b, 512),
+            Err(FormatError::TarChecksum { offset: 512, .. })
+        ));
+    }
 }
