@@ -413,6 +413,13 @@ async fn mirrors_are_tried_first_and_fall_through() {
     );
     assert_eq!(origin.stats().requests().len(), 0);
     assert_eq!(mirror.stats().requests().len(), 1);
+    assert!(
+        mirror.stats().requests()[0]
+            .path
+            .ends_with(&format!("?ns={}", origin.host().replace(':', "%3A"))),
+        "mirrors get containerd's ns parameter: {:?}",
+        mirror.stats().requests()[0].path
+    );
     // mirror miss (404) falls through to the origin
     let got = client.get_blob_range(&r_origin, &d, 10, 20).await.unwrap();
     assert_eq!(&got[..], &blob[10..30]);

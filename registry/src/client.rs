@@ -175,10 +175,14 @@ impl Client {
             Target::Url(u) => Ok(u.clone()),
             Target::Path(p) => {
                 let s = format!("{}{}", ep.api_root, p);
-                Url::parse(&s).map_err(|e| RegistryError::Protocol {
+                let mut u = Url::parse(&s).map_err(|e| RegistryError::Protocol {
                     url: s,
                     detail: format!("cannot build URL: {e}"),
-                })
+                })?;
+                if let Some(ns) = &ep.ns {
+                    u.query_pairs_mut().append_pair("ns", ns);
+                }
+                Ok(u)
             }
         }
     }

@@ -120,6 +120,9 @@ pub struct Endpoint {
     pub skip_verify: bool,
     /// A mirror (fall through to the next endpoint on 404/5xx/transport errors).
     pub is_mirror: bool,
+    /// For mirrors: the registry being mirrored, sent as `?ns=<registry>` like containerd
+    /// does, so one pull-through cache (spegel, dragonfly, Harbor) can serve several upstreams.
+    pub ns: Option<String>,
 }
 
 fn bad(field: impl Into<String>, reason: impl Into<String>) -> RegistryError {
@@ -234,6 +237,7 @@ impl RegistryConfig {
                     host,
                     skip_verify: m.skip_verify,
                     is_mirror: true,
+                    ns: Some(registry.to_string()),
                 });
             }
         }
@@ -258,6 +262,7 @@ impl RegistryConfig {
             host,
             skip_verify: hc.skip_verify,
             is_mirror: false,
+            ns: None,
         });
         Ok(out)
     }
