@@ -337,6 +337,16 @@ impl Drop for Containerd {
     fn drop(&mut self) {
         let sockets = self.shim_sockets();
         let leftovers = self.runc_leftovers();
+        let namespaces: Vec<String> = self
+            .ctr(&["namespaces", "ls", "-q"])
+            .map(|o| {
+                String::from_utf8_lossy(&o.stdout)
+                    .lines()
+                    .map(|l| l.trim().to_string())
+                    .filter(|l| !l.is_empty())
+                    .collect()
+            })
+            .unwrap_or_default();
         // Shims started by this containerd carry `-address <our socket>`.
         let sock = self.socket.display().to_string();
         for pid in pids_with_arg(&sock) {
@@ -365,6 +375,14 @@ impl Drop for Containerd {
             let _ = c.wait();
         }
         unmount_below(self.dir.path());
+        // Empty per-namespace leftovers of runc (state root, parent cgroups); rmdir only
+        // succeeds when nothing of another containerd is inside.
+        for ns in &namespaces {
+            let _ = fs::remove_dir(Path::new("/run/containerd/runc").join(ns));
+            for ctrl in read_dir_paths(Path::new("/sys/fs/cgroup")) {
+                let _ = fs::remove_dir(ctrl.join(ns));
+            }
+        }
         for s in sockets {
             if fs::symlink_metadata(&s)
                 .map(|m| m.file_type().is_socket())

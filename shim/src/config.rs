@@ -12,6 +12,7 @@
 //! | `io.weenv.memory.max` | per-environment memory maximum, bytes (`Ki`/`Mi`/`Gi` suffix ok) |
 //! | `io.weenv.interval_ms` | sample period |
 //! | `io.weenv.memory.oom_grace_ms` | how long an OOM at the maximum may persist |
+//! | `io.weenv.cpu.scale_down_window_s`, `io.weenv.memory.scale_down_window_s` | quiet windows |
 //! | `io.weenv.ledger.dir` | node ledger directory |
 //! | `io.weenv.status.dir` | status directory (`<dir>/<ns>/<id>/status.json`) |
 //! | `io.weenv.config` | path of a whole config file for this container |
@@ -225,6 +226,12 @@ pub fn parse_bytes(s: &str) -> Option<u64> {
     num.trim().parse::<u64>().ok()?.checked_mul(mult)
 }
 
+fn num(field: &str, v: &str) -> Result<f64, ConfigError> {
+    v.trim()
+        .parse()
+        .map_err(|_| invalid(field, format!("{v:?} is not a number")))
+}
+
 fn parse_bool(field: &str, v: &str) -> Result<bool, ConfigError> {
     match v.trim() {
         "true" | "1" | "yes" | "on" => Ok(true),
@@ -357,6 +364,8 @@ impl ShimConfig {
                         .parse()
                         .map_err(|_| invalid(k, format!("{v:?} is not milliseconds")))?
                 }
+                "cpu.scale_down_window_s" => self.cpu.scale_down_window_s = num(k, v)?,
+                "memory.scale_down_window_s" => self.memory.scale_down_window_s = num(k, v)?,
                 "ledger.dir" => self.node.ledger_dir = PathBuf::from(v),
                 "status.dir" => self.monitor.status_dir = PathBuf::from(v),
                 _ => return Err(invalid(k, "unknown weenv annotation")),

@@ -17,7 +17,7 @@ use crate::cgroup::{CgroupError, CgroupIo, CgroupVersion, CgroupWrite, CpuMax, L
 use crate::config::ShimConfig;
 use crate::ledger::{Capacity, Ledger, LedgerError, LedgerFile, Res};
 use crate::policy::{decide, Change, Current, Policy, Reason, Sample, Tracked};
-use crate::status::{unix_ms, ChangeRecord, StatusDir};
+use crate::status::{boot_ms, unix_ms, ChangeRecord, StatusDir};
 
 /// Errors of the elastic monitor.
 #[derive(Debug, thiserror::Error)]
@@ -337,6 +337,7 @@ impl Monitor {
             let rec = ChangeRecord {
                 t_ms: now.saturating_sub(t0).as_millis() as u64,
                 unix_ms: unix_ms(),
+                boot_ms: boot_ms(),
                 resource: res,
                 old: c.old,
                 new: c.new,

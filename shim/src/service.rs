@@ -211,6 +211,10 @@ impl TaskService {
                     "exited"
                 }
                 .into();
+                if let Some(Ok(m)) = c.monitor.as_ref().map(|m| m.lock()) {
+                    c.status.cpu_millicores = m.current().cpu.map(|t| t.value);
+                    c.status.memory_bytes = m.current().mem.map(|t| t.value);
+                }
                 c.status.exit_status = Some(status);
                 if let Err(e) = c.status_dir.write(&c.status) {
                     warn!(error = %e, "write status");

@@ -47,11 +47,27 @@ pub struct ChangeRecord<'a> {
     /// Milliseconds since the monitor started.
     pub t_ms: u64,
     pub unix_ms: u64,
+    /// CLOCK_BOOTTIME in ms: comparable with `/proc/uptime` read inside a container.
+    pub boot_ms: u64,
     /// `cpu` (millicores) or `memory` (bytes).
     pub resource: &'a str,
     pub old: u64,
     pub new: u64,
     pub reason: &'a Reason,
+}
+
+/// CLOCK_BOOTTIME in milliseconds (what `/proc/uptime` shows).
+pub fn boot_ms() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime(2) writes into the timespec we own.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
+    if rc != 0 {
+        return 0;
+    }
+    ts.tv_sec as u64 * 1000 + ts.tv_nsec as u64 / 1_000_000
 }
 
 pub fn unix_ms() -> u64 {

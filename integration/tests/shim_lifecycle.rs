@@ -1,0 +1,128 @@
+//! End-to-end: the weenv shim runs busybox containers under a private containerd:
+//! output and exit code, exec, kill/delete cleanup, `ctr task ls`, stats, pause/resume.
+
+mod shim_common;
+
+use anyhow::Result;
+use shim_common::{code, stdout, ShimEnv, RUNTIME};
+
+#[test]
+#[ignore = "needs root, containerd, runc, umoci"]
+fn run_prints_and_propagates_exit_code() -> Result<()> {
+    let env = ShimEnv::start("life-run")?;
+    let o = env.run(
+        "r1",
+        &["--rm"],
+        &["/bin/sh", "-c", "echo hello-from-weenv-shim; exit 3"],
+    )?;
+    assert_eq!(
+        stdout(&o),
+        "hello-from-weenv-shim\n",
+        "stderr: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert_eq!(code(&o), 3);
+    let o = env.run("r2", &["--rm"], &["/bin/true"])?;
+    assert_eq!(code(&o), 0);
+    // stdin reaches the container and EOF ends it
+    let mut c = env.ctd.ctr_command(
+        env.ctd.namespace(),
+        &[
+            "run",
+            "--rm",
+            &format!("--runtime={RUNTIME}"),
+            env.image,
+            "r3",
+            "/bin/cat",
+        ],
+    );
+    let c = c.stdin(std::process::Stdio::null()).output()?;
+    assert_eq!(code(&c), 0);
+    assert_eq!(env.status("r1")?["state"], "exited");
+    assert_eq!(env.status("r1")?["exit_status"], 3);
+    Ok(())
+}
+
+#[test]
+#[ignore = "needs root, containerd, runc, umoci"]
+fn exec_kill_delete_and_task_ls() -> Result<()> {
+    let env = ShimEnv::start("life-exec")?;
+    let o = env.run(
+        "d1",
+        &["-d", "--memory-limit=67108864", "--cpus=0.5"],
+        &["/bin/sleep", "1000"],
+    )?;
+    assert_eq!(code(&o), 0, "{}", String::from_utf8_lossy(&o.stderr));
+    let ls = env.ctd.ctr_ok(&["task", "ls"])?;
+    assert!(
+        ls.lines()
+            .any(|l| l.starts_with("d1 ") && l.contains("RUNNING")),
+        "{ls}"
+    );
+    // exec with its own stdio and exit code
+    let o = env.ctd.ctr(&[
+        "task",
+        "exec",
+        "--exec-id",
+        "e1",
+        "d1",
+        "/bin/sh",
+        "-c",
+        "echo in-exec; exit 5",
+    ])?;
+    assert_eq!(stdout(&o), "in-exec\n");
+    assert_eq!(code(&o), 5);
+    let o = env.ctd.ctr(&[
+        "task",
+        "exec",
+        "--exec-id",
+        "e2",
+        "d1",
+        "/bin/cat",
+        "/proc/1/cmdline",
+    ])?;
+    assert_eq!(stdout(&o), "/bin/sleep\u{0}1000\u{0}");
+    let ps = env.ctd.ctr_ok(&["task", "ps", "d1"])?;
+    assert_eq!(ps.lines().count(), 2, "one process after execs ended: {ps}");
+    let m = env.ctd.ctr_ok(&["task", "metrics", "d1"])?;
+    assert!(
+        m.contains("memory.limit_in_bytes") && m.contains("67108864"),
+        "{m}"
+    );
+    env.ctd.ctr_ok(&["task", "pause", "d1"])?;
+    assert!(env.ctd.ctr_ok(&["task", "ls"])?.contains("PAUSED"));
+    env.ctd.ctr_ok(&["task", "resume", "d1"])?;
+    // kill, then the task is STOPPED with 137 and delete cleans up
+    env.ctd.ctr_ok(&["task", "kill", "-s", "SIGKILL", "d1"])?;
+    let mut stopped = false;
+    for _ in 0..100 {
+        if env
+            .ctd
+            .ctr_ok(&["task", "ls"])?
+            .lines()
+            .any(|l| l.starts_with("d1 ") && l.contains("STOPPED"))
+        {
+            stopped = true;
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert!(stopped, "task never reported STOPPED");
+    let bundle = env.ctd.bundle(env.ctd.namespace(), "d1");
+    let rootfs = bundle.join("rootfs");
+    let rm = env.ctd.ctr(&["task", "rm", "d1"])?;
+    assert_eq!(code(&rm), 0, "{}", String::from_utf8_lossy(&rm.stderr));
+    env.ctd.ctr_ok(&["containers", "rm", "d1"])?;
+    assert!(!env.ctd.ctr_ok(&["task", "ls"])?.contains("d1"));
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo")?;
+    assert!(
+        !mounts.contains(&rootfs.display().to_string()),
+        "rootfs still mounted"
+    );
+    let runc_state = std::path::Path::new("/run/containerd/runc")
+        .join(env.ctd.namespace())
+        .join("d1");
+    assert!(!runc_state.exists(), "runc state left behind");
+    assert_eq!(env.status("d1")?["exit_status"], 137);
+    Ok(())
+}
