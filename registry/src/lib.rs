@@ -24,6 +24,8 @@ pub mod error;
 pub mod manifest;
 #[cfg(test)]
 mod mock_tests;
+#[cfg(test)]
+mod prop_tests;
 mod pull;
 mod push;
 pub mod range_reader;
