@@ -7,11 +7,11 @@
 //!
 //! [`Namespace`] tracks the entries seen so far and enforces the namespace rules in tar order:
 //! no duplicate paths (a directory repeated with identical metadata is tolerated and dropped),
-//! no entry below a non-directory, hardlinks only to an earlier regular file (chains resolved).
+//! no entry below a non-directory (in either order: `a` then `a/b`, or `a/b` then file `a`), hardlinks only to an earlier regular file (chains resolved).
 
 use crate::toc::{Entry, EntryKind};
 use crate::FormatError;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 /// Normalise a raw tar path: `./a//b/` -> `a/b`; `.`/`./` -> `""`.
 /// Rejects absolute paths, `..` components, NUL bytes and non-UTF-8.
@@ -122,6 +122,8 @@ enum Slot {
 #[derive(Default, Debug)]
 pub struct Namespace {
     slots: HashMap<String, Slot>,
+    /// Every proper ancestor of an admitted path (implicit or explicit directories).
+    ancestors: HashSet<String>,
 }
 
 impl Namespace {
@@ -172,6 +174,13 @@ impl Namespace {
             }
             idx += pos + 1;
         }
+        // A non-directory may not replace a directory that already has entries below it.
+        if entry.kind != EntryKind::Dir && self.ancestors.contains(path.as_str()) {
+            return Err(FormatError::ParentNotDirectory {
+                path: format!("{path}/..."),
+                parent: path.clone(),
+            });
+        }
         let mut resolved = None;
         let slot = match entry.kind {
             EntryKind::Dir => Slot::Dir(Box::new(dir_meta(entry))),
@@ -194,6 +203,13 @@ impl Namespace {
             _ => Slot::Other,
         };
         self.slots.insert(entry.path.clone(), slot);
+        let mut p = entry.path.as_str();
+        while let Some(pos) = p.rfind('/') {
+            p = &p[..pos];
+            if !self.ancestors.insert(p.to_string()) {
+                break; // its ancestors are in the set already
+            }
+        }
         Ok((Admit::New, resolved))
     }
 }

@@ -364,6 +364,19 @@ fn other_tar_violations() {
         writer(&t.finish()),
         FormatError::ParentNotDirectory { .. }
     ));
+    // A file replacing a directory that already has entries.
+    let mut t = TarBuilder::new();
+    t.file("a/b/c", b"x");
+    t.file("a", b"x");
+    assert!(matches!(
+        writer(&t.finish()),
+        FormatError::ParentNotDirectory { .. }
+    ));
+    let mut t = TarBuilder::new();
+    t.file("a/b/c", b"x");
+    t.dir("a/b");
+    t.dir("a");
+    assert!(write_layer(&t.finish()[..], Vec::new(), &WriterOptions::default()).is_ok());
     // Extension header followed by end of archive.
     let mut t = TarBuilder::new();
     t.pax(&[("path", b"x")], false);
