@@ -113,7 +113,8 @@ pub fn create_args(o: &RunOptions, image_name: &str, id: &str) -> Vec<String> {
     for m in &o.mounts {
         a.extend(["--mount".into(), m.clone()]);
     }
-    a.extend([image_name.to_string(), id.to_string()]);
+    // `--`: ctr would parse a `-c` of the command as its own `--config` flag.
+    a.extend(["--".to_string(), image_name.to_string(), id.to_string()]);
     a.extend(o.cmd.iter().cloned());
     a
 }
@@ -315,7 +316,7 @@ mod tests {
         assert_eq!(
             a.join(" "),
             "-a /run/c.sock -n ns containers create --snapshotter weenv --runtime io.containerd.weenv.v1 \
-             --mount type=bind,src=/a,dst=/b,options=rbind:rw r/env:1 c1 python3 -V"
+             --mount type=bind,src=/a,dst=/b,options=rbind:rw -- r/env:1 c1 python3 -V"
         );
     }
 

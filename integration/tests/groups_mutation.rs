@@ -1,0 +1,316 @@
+//! At-init mutation through `weenv run` (library entry `weenv_snapshotter::run::run_plan`):
+//! a plan stacks busybox (base group, from an ordinary image) + a repository group and names a
+//! patch; `run_plan` composes, publishes, pulls, creates the container, applies the patch into
+//! its rootfs and starts it. Checked with stock overlayfs and with the weenv snapshotter (lazy):
+//! - the task sees the patched tree (modified file, new file in a new dir, deletion, mode
+//!   change), identical to what the pre-applied mutation group gives;
+//! - a patch with a rejected hunk fails with an error naming the file and hunk, and no
+//!   container or task is left (nothing started).
+
+mod snapshotter_common;
+
+use anyhow::{ensure, Context, Result};
+use snapshotter_common::{Daemon, DaemonOptions};
+use std::path::{Path, PathBuf};
+use weenv_converter::group::{create_group, GroupSource, GroupSpec};
+use weenv_converter::mutate::{mutate_group, MutateSpec};
+use weenv_converter::plan::parse_ref;
+use weenv_converter::registry_config;
+use weenv_converter::resolve_cache::ResolvePolicy;
+use weenv_format::group::{ConfigFragment, GroupKind};
+use weenv_format::writer::WriterOptions;
+use weenv_integration::containerd::{Containerd, ContainerdOptions};
+use weenv_integration::images;
+use weenv_integration::registry::LocalRegistry;
+use weenv_integration::util::require_root_and_bins;
+use weenv_registry::Client;
+use weenv_snapshotter::run::{run_plan, RunError, RunOptions};
+
+const PATCH: &str = "diff --git a/app.py b/app.py
+--- a/app.py
++++ b/app.py
+@@ -1,3 +1,3 @@
+ def answer():
+-    return 42
++    return 41
+ 
+diff --git a/run.sh b/run.sh
+old mode 100644
+new mode 100755
+diff --git a/docs/NOTE.md b/docs/NOTE.md
+new file mode 100644
+--- /dev/null
++++ b/docs/NOTE.md
+@@ -0,0 +1 @@
++bug introduced
+diff --git a/obsolete.txt b/obsolete.txt
+deleted file mode 100644
+--- a/obsolete.txt
++++ /dev/null
+@@ -1 +0,0 @@
+-remove me
+";
+
+const BAD_PATCH: &str = "--- a/app.py
++++ b/app.py
+@@ -1,2 +1,2 @@
+ def answer():
+-    return 7
++    return 8
+";
+
+/// Lists the repository tree inside the container (paths, modes, contents) into /out/tree.
+const LIST: &str = "cd /src/repo && for f in $(find . | busybox sort); do if [ -f \"$f\" ]; then echo \"$f $(stat -c %a \"$f\") $(cat \"$f\" | md5sum | busybox cut -c1-8)\"; else echo \"$f dir\"; fi; done > /out/tree";
+
+struct Env {
+    ctd: Containerd,
+    _daemon: Option<Daemon>,
+    host: String,
+    client: Client,
+    tmp: tempfile::TempDir,
+    _reg: LocalRegistry,
+}
+
+async fn setup(lazy: bool) -> Result<Env> {
+    require_root_and_bins(&[
+        "containerd",
+        "ctr",
+        "runc",
+        "docker-registry",
+        "skopeo",
+        "umoci",
+    ])?;
+    let tmp = tempfile::tempdir()?;
+    let reg = LocalRegistry::start(tmp.path())?;
+    let host = reg.host();
+    let client = Client::new(registry_config(&[host.clone()]))?;
+    let scratch = tmp.path().join("scratch");
+    std::fs::create_dir_all(&scratch)?;
+    images::push_oci_layout(&images::busybox()?, &format!("{host}/src/busybox:1"))?;
+    let spec = |kind, name: &str| GroupSpec {
+        kind,
+        name: name.into(),
+        fragment: ConfigFragment::default(),
+        platform: None,
+    };
+    create_group(
+        &client,
+        &GroupSource::Image {
+            reference: format!("{host}/src/busybox:1"),
+            layers: 0..1,
+        },
+        &spec(GroupKind::Base, "busybox"),
+        &parse_ref(&format!("{host}/weenv/base:1"))?,
+        &scratch,
+        &WriterOptions::default(),
+    )
+    .await?;
+    let repo = tmp.path().join("repo");
+    let w = |rel: &str, c: &str| -> Result<()> {
+        let p = repo.join("src/repo").join(rel);
+        std::fs::create_dir_all(p.parent().context("parent")?)?;
+        Ok(std::fs::write(p, c)?)
+    };
+    w("app.py", "def answer():\n    return 42\n\n")?;
+    w("run.sh", "#!/bin/sh\necho run\n")?;
+    w("obsolete.txt", "remove me\n")?;
+    create_group(
+        &client,
+        &GroupSource::Dir(repo),
+        &spec(GroupKind::Task, "repo"),
+        &parse_ref(&format!("{host}/weenv/repo:1"))?,
+        &scratch,
+        &WriterOptions::default(),
+    )
+    .await?;
+    let daemon = if lazy {
+        Some(Daemon::start(
+            &tmp.path().join("snap"),
+            &DaemonOptions {
+                plain_http: vec![host.clone()],
+                fill: false,
+                fill_extra: String::new(),
+            },
+        )?)
+    } else {
+        None
+    };
+    let ctd = Containerd::start(ContainerdOptions {
+        proxy_snapshotter: daemon.as_ref().map(|d| d.socket.clone()),
+        ..Default::default()
+    })?;
+    Ok(Env {
+        ctd,
+        _daemon: daemon,
+        host,
+        client,
+        tmp,
+        _reg: reg,
+    })
+}
+
+fn write_plan(e: &Env, name: &str, extra: &str) -> Result<PathBuf> {
+    let p = e.tmp.path().join(format!("{name}.toml"));
+    std::fs::write(
+        &p,
+        format!(
+            "version = 1\ngroups = [\"{h}/weenv/base:1\", \"{h}/weenv/repo:1\"]\n{extra}",
+            h = e.host
+        ),
+    )?;
+    Ok(p)
+}
+
+fn opts(
+    e: &Env,
+    plan: PathBuf,
+    image: &str,
+    id: &str,
+    snapshotter: &str,
+    out: &Path,
+) -> RunOptions {
+    RunOptions {
+        plan,
+        image: image.to_string(),
+        address: e.ctd.address().to_path_buf(),
+        namespace: e.ctd.namespace().to_string(),
+        snapshotter: snapshotter.to_string(),
+        runtime: None,
+        id: Some(id.to_string()),
+        mounts: vec![format!(
+            "type=bind,src={},dst=/out,options=rbind:rw",
+            out.display()
+        )],
+        cmd: vec!["/bin/sh".into(), "-c".into(), LIST.into()],
+        keep: false,
+        cache_dir: e.tmp.path().join("cache"),
+        policy: ResolvePolicy::default(),
+    }
+}
+
+async fn scenario(lazy: bool) -> Result<()> {
+    let e = setup(lazy).await?;
+    let snap = if lazy { "weenv" } else { "overlayfs" };
+    std::fs::write(e.tmp.path().join("bug.diff"), PATCH)?;
+    std::fs::write(e.tmp.path().join("bad.diff"), BAD_PATCH)?;
+
+    // at init
+    let plan = write_plan(
+        &e,
+        "init",
+        "[mutation]\npatch = \"bug.diff\"\nroot = \"/src/repo\"\n",
+    )?;
+    let out_init = e.tmp.path().join("out-init");
+    std::fs::create_dir_all(&out_init)?;
+    let rep = run_plan(
+        &e.client,
+        &opts(
+            &e,
+            plan,
+            &format!("{}/weenv/env:init", e.host),
+            "mut-init",
+            snap,
+            &out_init,
+        ),
+    )
+    .await?;
+    ensure!(rep.exit_code == 0, "exit {}", rep.exit_code);
+    println!(
+        "{snap}: compose {:.1} ms, pull {:.1} ms, mutation {:.1} ms",
+        rep.compose_ms, rep.pull_ms, rep.mutation_ms
+    );
+    let tree_init = std::fs::read_to_string(out_init.join("tree"))?;
+
+    // pre-applied: the same patch as a tiny group on top
+    mutate_group(
+        &e.client,
+        &format!("{}/weenv/repo:1", e.host),
+        PATCH.as_bytes(),
+        &MutateSpec {
+            name: "bug".into(),
+            root: "/src/repo".into(),
+            strip: 1,
+        },
+        &parse_ref(&format!("{}/weenv/repo-bug:1", e.host))?,
+        e.tmp.path(),
+        &WriterOptions::default(),
+    )
+    .await?;
+    let plan = write_plan(
+        &e,
+        "pre",
+        &format!(
+            "[mutation]\nmode = \"pre-applied\"\ngroup = \"{}/weenv/repo-bug:1\"\n",
+            e.host
+        ),
+    )?;
+    let out_pre = e.tmp.path().join("out-pre");
+    std::fs::create_dir_all(&out_pre)?;
+    run_plan(
+        &e.client,
+        &opts(
+            &e,
+            plan,
+            &format!("{}/weenv/env:pre", e.host),
+            "mut-pre",
+            snap,
+            &out_pre,
+        ),
+    )
+    .await?;
+    let tree_pre = std::fs::read_to_string(out_pre.join("tree"))?;
+    ensure!(
+        tree_init == tree_pre,
+        "trees differ:\ninit:\n{tree_init}\npre-applied:\n{tree_pre}"
+    );
+    ensure!(tree_init.contains("./docs/NOTE.md 644"), "{tree_init}");
+    ensure!(tree_init.contains("./run.sh 755"), "{tree_init}");
+    ensure!(!tree_init.contains("obsolete"), "{tree_init}");
+
+    // rejected hunk: clear error, no container left, nothing started
+    let plan = write_plan(
+        &e,
+        "bad",
+        "[mutation]\npatch = \"bad.diff\"\nroot = \"/src/repo\"\n",
+    )?;
+    let out_bad = e.tmp.path().join("out-bad");
+    std::fs::create_dir_all(&out_bad)?;
+    let err = run_plan(
+        &e.client,
+        &opts(
+            &e,
+            plan,
+            &format!("{}/weenv/env:bad", e.host),
+            "mut-bad",
+            snap,
+            &out_bad,
+        ),
+    )
+    .await
+    .err()
+    .context("a rejected hunk must fail the run")?;
+    ensure!(matches!(err, RunError::Mutation { .. }), "{err}");
+    let msg = err.to_string() + &format!("{:?}", err);
+    ensure!(msg.contains("app.py") && msg.contains("hunk #1"), "{msg}");
+    let containers = e.ctd.ctr_ok(&["containers", "ls", "-q"])?;
+    ensure!(
+        !containers.contains("mut-bad"),
+        "container left behind: {containers}"
+    );
+    let tasks = e.ctd.ctr_ok(&["tasks", "ls", "-q"])?;
+    ensure!(!tasks.contains("mut-bad"), "task started: {tasks}");
+    ensure!(!out_bad.join("tree").exists(), "the task ran");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs root, containerd, runc, docker-registry, skopeo, umoci"]
+async fn at_init_mutation_with_stock_overlayfs() -> Result<()> {
+    scenario(false).await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs root, containerd, runc, fuse, docker-registry, skopeo, umoci, weenv-snapshotter"]
+async fn at_init_mutation_with_weenv_snapshotter() -> Result<()> {
+    scenario(true).await
+}
