@@ -71,6 +71,24 @@ pub fn frames_for_range(entry: &Entry, offset: u64, len: u64) -> Vec<FrameIdx> {
     v
 }
 
+/// Frames holding payloads of the regular files directly inside directory `dir` (normal form,
+/// `""` = root), sorted, without duplicates: the read-ahead set once a directory is touched.
+/// O(entries); callers that do this often should precompute per directory.
+pub fn frames_for_dir(toc: &Toc, dir: &str) -> Vec<FrameIdx> {
+    let mut v: Vec<FrameIdx> = toc
+        .entries
+        .iter()
+        .filter(|e| {
+            let parent = e.path.rfind('/').map_or("", |p| &e.path[..p]);
+            !e.path.is_empty() && parent == dir
+        })
+        .flat_map(|e| e.chunks.iter().map(|c| c.frame))
+        .collect();
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
@@ -128,6 +146,41 @@ mod tests {
         let p = plan_fetch(&t, &idx(&[0, 1, 2]), 0, 100);
         assert_eq!(p.len(), 3);
         assert_eq!(p[1].len, 500);
+    }
+
+    #[test]
+    fn frames_for_directory() {
+        let mut t = toc(&[10, 10, 10]);
+        let f = |path: &str, frame: u32| Entry {
+            path: path.into(),
+            kind: EntryKind::File,
+            mode: 0o644,
+            uid: 0,
+            gid: 0,
+            mtime: 0,
+            mtime_nsec: 0,
+            size: 1,
+            link: None,
+            devmajor: 0,
+            devminor: 0,
+            xattrs: Default::default(),
+            chunks: vec![ChunkRef {
+                file_offset: 0,
+                frame: FrameIdx(frame),
+                frame_offset: 0,
+                len: 1,
+            }],
+        };
+        t.entries = vec![
+            f("top", 0),
+            f("d/a", 2),
+            f("d/b", 1),
+            f("d/e/deep", 0),
+            f("d/c", 2),
+        ];
+        assert_eq!(frames_for_dir(&t, "d"), idx(&[1, 2]));
+        assert_eq!(frames_for_dir(&t, ""), idx(&[0]));
+        assert!(frames_for_dir(&t, "nope").is_empty());
     }
 
     #[test]

@@ -35,7 +35,7 @@ pub mod writer;
 
 pub use digest::Digest;
 pub use error::FormatError;
-pub use fetch::{frames_for_range, plan_fetch, FetchRange};
+pub use fetch::{frames_for_dir, frames_for_range, plan_fetch, FetchRange};
 pub use footer::{Footer, FOOTER_SIZE};
 pub use frame::decode_frame;
 pub use range::RangeRead;
