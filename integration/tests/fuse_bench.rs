@@ -135,3 +135,52 @@ fn warm_read_throughput() -> Result<()> {
     }
     Ok(())
 }
+
+/// Justifies one FUSE session for all layers: the cost of exposing one more layer as a new
+/// session (mount(2) + INIT + worker threads, and its unmount) vs as a directory of the
+/// existing session (`add_layer`).
+#[test]
+#[ignore = "needs root and /dev/fuse"]
+fn one_session_vs_session_per_layer() -> Result<()> {
+    const SESSIONS: usize = 10;
+    const LAYERS: usize = 200;
+    let fx = Fixture::new(Fixture::strict(), false)?;
+    let mut b = tar::Builder::new(Vec::new());
+    add_file(&mut b, "etc/hello", b"hello\n", 0o644, 0, 0)?;
+    let layer = TestLayer::new(fx.dir.path(), "tiny", &b.into_inner()?)?;
+    let t = Instant::now();
+    for i in 0..SESSIONS {
+        let cfg = weenv_snapshotter::layers::LayerStoreConfig {
+            mountpoint: fx.dir.path().join(format!("m{i}")),
+            cache_dir: fx.dir.path().join(format!("c{i}")),
+            memory_cache_bytes: 1 << 20,
+            disk_cache_bytes: 1 << 20,
+            fill: Fixture::strict(),
+            fuse_threads: 2,
+            passthrough: false,
+        };
+        let s = weenv_snapshotter::layers::LayerStore::start(
+            cfg,
+            fx.rt.handle().clone(),
+            fx.metrics.clone(),
+        )?;
+        let p = s.add_layer(&layer.digest, layer.toc.clone(), layer.dyn_source())?;
+        ensure!(std::fs::read(p.join("etc/hello"))? == b"hello\n");
+        s.shutdown();
+    }
+    let per_session = t.elapsed() / SESSIONS as u32;
+    let t = Instant::now();
+    for i in 0..LAYERS {
+        let d = weenv_format::Digest::sha256(format!("layer{i}").as_bytes());
+        let p = fx
+            .store
+            .add_layer(&d, layer.toc.clone(), layer.dyn_source())?;
+        ensure!(std::fs::read(p.join("etc/hello"))? == b"hello\n");
+    }
+    let per_layer = t.elapsed() / LAYERS as u32;
+    println!(
+        "BENCH new FUSE session per layer (mount+INIT+2 threads+first read+unmount): {per_session:?}; \
+         layer in the shared session (add_layer+first read): {per_layer:?}"
+    );
+    Ok(())
+}

@@ -46,6 +46,19 @@ fn layer_matches_tar_extraction() -> Result<()> {
     );
     let (wg, gg) = (hardlink_groups(&want), hardlink_groups(&got));
     ensure!(wg == gg, "hardlink groups differ: tar {wg:?} weenv {gg:?}");
+    let out = std::process::Command::new("chroot")
+        .arg(&dir)
+        .args([
+            "/bin/sh",
+            "-c",
+            "echo exec-ok; /usr/bin/ls /usr/lib/python3/json",
+        ])
+        .output()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    ensure!(
+        out.status.success() && text.starts_with("exec-ok"),
+        "chroot exec: {out:?}"
+    );
     ensure!(
         gg.iter().any(|g| g.len() == 3),
         "busybox hardlink group present: {gg:?}"

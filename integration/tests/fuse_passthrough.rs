@@ -61,7 +61,11 @@ fn filled_files_are_passed_through() -> Result<()> {
 
     // Overlay copy-up from a passthrough lower.
     let merged = fx.dir.path().join("merged");
-    let _ov = mount_overlay(std::slice::from_ref(&dir), &fx.dir.path().join("ovl"), &merged)?;
+    let _ov = mount_overlay(
+        std::slice::from_ref(&dir),
+        &fx.dir.path().join("ovl"),
+        &merged,
+    )?;
     {
         use std::io::Write;
         let mut f = std::fs::OpenOptions::new()

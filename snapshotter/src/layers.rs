@@ -15,6 +15,11 @@
 //! - the kernel cost is the same: overlayfs addresses each lowerdir by its dentry, and FUSE
 //!   requests carry the inode number, which encodes the layer (see [`crate::fs::layer`]).
 //!
+//! Measured here (`integration/tests/fuse_bench.rs`, `one_session_vs_session_per_layer`, debug
+//! build on a loaded 2-core VM): a new session per layer (mount + INIT + 2 threads + first
+//! read + unmount) took ~50 ms; a layer added to the shared session plus its first read took
+//! ~1.4 ms (~0.06 ms without the read).
+//!
 //! The price: a daemon crash takes every layer down at once (it would with per-layer sessions
 //! too, since they live in the same process), and a layer cannot be unmounted by itself
 //! (`remove_layer` forgets it; the kernel drops its dentries).

@@ -63,6 +63,30 @@ impl TestLayer {
         })
     }
 
+    /// Converts the tar file `tar_path` into a weenv layer under `dir/name.blob`.
+    pub fn from_tar_file(dir: &Path, name: &str, tar_path: &Path) -> Result<Self> {
+        let blob = dir.join(format!("{name}.blob"));
+        let out = std::fs::File::create(&blob)?;
+        let input = std::io::BufReader::new(std::fs::File::open(tar_path)?);
+        let s = write_layer(
+            input,
+            std::io::BufWriter::new(out),
+            &WriterOptions::default(),
+        )
+        .with_context(|| format!("converting {}", tar_path.display()))?;
+        let toc = weenv_format::reader::LayerReader::open(std::fs::File::open(&blob)?, None)
+            .context("reading back the TOC")?
+            .into_toc();
+        let source = Arc::new(CountingSource::new(FileBlobSource::open(&blob)?));
+        Ok(TestLayer {
+            digest: s.blob_digest,
+            toc: Arc::new(toc),
+            blob,
+            tar: tar_path.to_path_buf(),
+            source,
+        })
+    }
+
     pub fn dyn_source(&self) -> Arc<dyn BlobSource> {
         self.source.clone()
     }

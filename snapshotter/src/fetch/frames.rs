@@ -46,7 +46,7 @@ pub struct FrameStore {
     limits: PlanLimits,
     demand: AtomicUsize,
     demand_idle: Notify,
-    last_verify_log: AtomicU64,
+    last_log: AtomicU64,
     started: Instant,
 }
 
@@ -96,7 +96,7 @@ impl FrameStore {
             limits,
             demand: AtomicUsize::new(0),
             demand_idle: Notify::new(),
-            last_verify_log: AtomicU64::new(0),
+            last_log: AtomicU64::new(0),
             started: Instant::now(),
         }
     }
@@ -305,6 +305,9 @@ impl FrameStore {
                 self.metrics
                     .range_request_errors
                     .fetch_add(1, Ordering::Relaxed);
+                if prio != Priority::Fill && self.may_log() {
+                    tracing::warn!(error = %e, "range request failed; reads of these frames get EIO (further errors this second not logged)");
+                }
                 for (_, claims) in group {
                     for (i, c) in claims {
                         out.push((i, Err(e.clone())));
@@ -384,16 +387,20 @@ impl FrameStore {
         }
     }
 
-    fn log_verify_failure(&self, f: &Frame, reason: &str) {
+    /// True at most once per second (hot-path logs are rate-limited).
+    fn may_log(&self) -> bool {
         let now = self.started.elapsed().as_secs() + 1;
-        let last = self.last_verify_log.load(Ordering::Relaxed);
-        if now > last
+        let last = self.last_log.load(Ordering::Relaxed);
+        now > last
             && self
-                .last_verify_log
+                .last_log
                 .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
                 .is_ok()
-        {
-            tracing::error!(frame = %f.digest, offset = f.offset, reason, "frame failed verification; serving EIO (further failures this second not logged)");
+    }
+
+    fn log_verify_failure(&self, f: &Frame, reason: &str) {
+        if self.may_log() {
+            tracing::error!(frame = %f.digest, offset = f.offset, reason, "frame failed verification; serving EIO, will refetch (further errors this second not logged)");
         }
     }
 }

@@ -47,29 +47,34 @@ fn xattr_reply(reply: ReplyXattr, size: u32, data: &[u8]) -> bool {
 }
 
 impl WeenvFs {
-    /// First lookup in or listing of a directory: prefetch the frames of its small files.
-    fn touch_dir(&self, ino: u64) {
+    /// First read of a small file in a directory: prefetch the frames holding the directory's
+    /// other small files (packed next to each other in tar order). Triggered by reads, not
+    /// lookups: lookups also come from path walks and module searches that read nothing
+    /// (measured on python3 start-up: lookup-triggered prefetch fetched 39% more bytes).
+    fn touch_dir_of(&self, layer: &Arc<layer::Layer>, node: u32) {
         if self.st.fill.dir_prefetch_frames == 0 {
             return;
         }
-        let Ok((layer, node)) = self.st.resolve(ino) else {
+        let Some(n) = layer.table.node(node) else {
             return;
         };
-        if !layer.first_touch(node) {
+        if n.size > self.st.fill.small_file_bytes || !layer.first_touch(n.parent) {
             return;
         }
-        let frames = self.st.dir_prefetch_frames(&layer, node);
-        let frames: Vec<_> = frames
+        let l2 = self.st.store.l2();
+        let frames: Vec<_> = self
+            .st
+            .dir_prefetch_frames(layer, n.parent)
             .into_iter()
             .filter(|i| {
                 layer
                     .toc
                     .frames
                     .get(i.0 as usize)
-                    .is_some_and(|f| !self.st.store.l2().contains(&f.digest))
+                    .is_some_and(|f| !l2.contains(&f.digest))
             })
             .collect();
-        self.st.prefetch(layer, frames);
+        self.st.prefetch(layer.clone(), frames);
     }
 }
 
@@ -100,10 +105,7 @@ impl Filesystem for WeenvFs {
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let mut op = self.st.metrics.op(FuseOp::Lookup);
         match self.st.lookup_name(parent.0, name) {
-            Ok((attr, ttl)) => {
-                self.touch_dir(parent.0);
-                reply.entry(&ttl, &attr, Generation(0));
-            }
+            Ok((attr, ttl)) => reply.entry(&ttl, &attr, Generation(0)),
             Err(e) => {
                 if e != Errno::ENOENT {
                     op.fail();
@@ -206,9 +208,12 @@ impl Filesystem for WeenvFs {
         if plan.frames.is_empty() {
             return reply.data(&[]);
         }
-        if self.st.fill.read_ahead_bytes > 0 && plan.layer.first_touch(plan.node) {
-            let ra = self.st.read_ahead_frames(&plan);
-            self.st.prefetch(plan.layer.clone(), ra);
+        if plan.layer.first_touch(plan.node) {
+            if self.st.fill.read_ahead_bytes > 0 {
+                let ra = self.st.read_ahead_frames(&plan);
+                self.st.prefetch(plan.layer.clone(), ra);
+            }
+            self.touch_dir_of(&plan.layer, plan.node);
         }
         if let Some(data) = self.st.read_from_memory(&plan) {
             self.st
@@ -280,9 +285,6 @@ impl Filesystem for WeenvFs {
         mut reply: ReplyDirectory,
     ) {
         let mut op = self.st.metrics.op(FuseOp::Readdir);
-        if offset == 0 && ino.0 != ROOT_INO {
-            self.touch_dir(ino.0);
-        }
         let mut i = offset;
         loop {
             match self.st.dir_entry(ino.0, i) {
@@ -311,9 +313,6 @@ impl Filesystem for WeenvFs {
         mut reply: ReplyDirectoryPlus,
     ) {
         let mut op = self.st.metrics.op(FuseOp::Readdirplus);
-        if offset == 0 && ino.0 != ROOT_INO {
-            self.touch_dir(ino.0);
-        }
         let mut i = offset;
         loop {
             match self.st.dir_entry(ino.0, i) {
