@@ -14,7 +14,7 @@ use base64::Engine as _;
 use docker_credential::{CredentialRetrievalError, DockerCredential};
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// A parsed `WWW-Authenticate` challenge.
@@ -275,6 +275,9 @@ struct TokenResponse {
     expires_in: Option<u64>,
 }
 
+/// Serialises token fetches for one (host, scope).
+type FetchSlot = Arc<tokio::sync::Mutex<()>>;
+
 /// Per-client auth state: credentials, known challenges, tokens.
 #[derive(Debug)]
 pub(crate) struct Authenticator {
@@ -282,8 +285,9 @@ pub(crate) struct Authenticator {
     creds: Mutex<HashMap<String, Credential>>,
     challenges: Mutex<HashMap<String, Challenge>>,
     tokens: Mutex<TokenCache>,
-    /// Serialises token fetches so concurrent first requests fetch one token.
-    fetch_lock: tokio::sync::Mutex<()>,
+    /// One lock per (host, scope) so concurrent first requests fetch one token, while
+    /// fetches for other hosts/scopes proceed independently.
+    fetch_locks: Mutex<HashMap<(String, String), FetchSlot>>,
 }
 
 /// Lock a std mutex, recovering from poisoning (the data are caches).
@@ -298,7 +302,7 @@ impl Authenticator {
             creds: Mutex::default(),
             challenges: Mutex::default(),
             tokens: Mutex::default(),
-            fetch_lock: tokio::sync::Mutex::new(()),
+            fetch_locks: Mutex::default(),
         }
     }
 
@@ -340,7 +344,11 @@ impl Authenticator {
                 service,
                 scope,
             }) => {
-                let _g = self.fetch_lock.lock().await;
+                let slot = lock(&self.fetch_locks)
+                    .entry((host.to_string(), key.clone()))
+                    .or_default()
+                    .clone();
+                let _g = slot.lock().await;
                 if let Some(t) = lock(&self.tokens).get(host, &key, Instant::now()) {
                     return Ok(Some(format!("Bearer {t}")));
                 }
