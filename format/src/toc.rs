@@ -11,9 +11,9 @@ use std::collections::BTreeMap;
 use std::io::Read;
 
 /// Largest compressed TOC a reader accepts (bytes).
-pub const MAX_TOC_COMPRESSED: u64 = 256 << 20;
+pub const MAX_TOC_COMPRESSED: u64 = 64 << 20;
 /// Largest decompressed TOC a reader accepts (bytes).
-pub const MAX_TOC_DECODED: u64 = 1 << 30;
+pub const MAX_TOC_DECODED: u64 = 256 << 20;
 /// zstd level used for the TOC itself.
 pub const TOC_ZSTD_LEVEL: i32 = 9;
 
@@ -194,6 +194,14 @@ impl Toc {
         let json = serde_json::to_vec(self).map_err(|e| FormatError::TocDecode {
             reason: format!("serialising TOC: {e}"),
         })?;
+        if json.len() as u64 > MAX_TOC_DECODED {
+            // Readers would refuse it; fail at write time instead.
+            return Err(FormatError::AbsurdSize {
+                what: "TOC size (JSON)",
+                value: json.len() as u64,
+                limit: MAX_TOC_DECODED,
+            });
+        }
         zstd::bulk::compress(&json, TOC_ZSTD_LEVEL)
             .map_err(|e| FormatError::io("compressing the TOC", e))
     }
