@@ -3,10 +3,10 @@
 //! container, apply the plan's at-init mutation into the container's rootfs, then start it.
 //!
 //! Container lifecycle goes through `ctr` (it builds the OCI runtime spec from the image
-//! config, like `ctr run`): `containers create`, `snapshots mounts` (mount the container's
-//! rootfs on a temp dir), patch, `umount`, `task start`. A mutation that fails (rejected
-//! hunk, missing file, failed checkout) removes the container again and returns the error:
-//! no task is ever started on an unpatched rootfs.
+//! config, like `ctr run`): `containers create`; the container's rootfs mounts come from
+//! containerd's Snapshots API and are mounted on a temp dir, patched, unmounted; then
+//! `tasks start`. A mutation that fails (rejected hunk, missing file, failed checkout) removes
+//! the container again and returns the error: no task is ever started on an unpatched rootfs.
 
 use crate::pull::{pull, PullOptions};
 use std::path::{Path, PathBuf};
@@ -44,7 +44,7 @@ pub enum RunError {
         status: String,
         stderr: String,
     },
-    #[error("unexpected output from `ctr snapshots mounts`: {0:?}")]
+    #[error("unexpected container rootfs mounts: {0}")]
     MountLine(String),
     #[error("fetching the patch blob {digest}: {message}")]
     PatchBlob { digest: String, message: String },
@@ -119,17 +119,6 @@ pub fn create_args(o: &RunOptions, image_name: &str, id: &str) -> Vec<String> {
     a
 }
 
-/// Arguments for `mount` from the line `ctr snapshots mounts` prints
-/// (`mount -t overlay overlay /dir -o index=off,...`), checked to mount on `target` (pure).
-pub fn mount_args(line: &str, target: &Path) -> Result<Vec<String>, RunError> {
-    let toks: Vec<&str> = line.split_whitespace().collect();
-    let t = target.display().to_string();
-    if toks.first() != Some(&"mount") || !toks.contains(&t.as_str()) {
-        return Err(RunError::MountLine(line.to_string()));
-    }
-    Ok(toks[1..].iter().map(|s| s.to_string()).collect())
-}
-
 fn run_cmd(cmd: &mut Command) -> Result<String, RunError> {
     let out = cmd
         .stdin(Stdio::null())
@@ -182,8 +171,60 @@ async fn patch_bytes(
     Ok(None)
 }
 
+/// `mount` arguments for one containerd mount on `target` (pure).
+pub fn mount_args_for(kind: &str, source: &str, options: &[String], target: &Path) -> Vec<String> {
+    let mut a = vec![
+        "-t".to_string(),
+        kind.to_string(),
+        source.to_string(),
+        target.display().to_string(),
+    ];
+    if !options.is_empty() {
+        a.extend(["-o".to_string(), options.join(",")]);
+    }
+    a
+}
+
+/// The container snapshot's mounts, asked from containerd directly (no `ctr` process).
+async fn snapshot_mounts(
+    ch: tonic::transport::Channel,
+    o: &RunOptions,
+    id: &str,
+    target: &Path,
+) -> Result<Vec<Vec<String>>, RunError> {
+    use containerd_client::services::v1::snapshots::snapshots_client::SnapshotsClient;
+    use containerd_client::services::v1::snapshots::MountsRequest;
+    let mut req = tonic::Request::new(MountsRequest {
+        snapshotter: o.snapshotter.clone(),
+        key: id.to_string(),
+    });
+    if let Ok(v) = o.namespace.parse() {
+        req.metadata_mut().insert("containerd-namespace", v);
+    }
+    let resp = SnapshotsClient::new(ch)
+        .mounts(req)
+        .await
+        .map_err(|e| RunError::Command {
+            command: format!("containerd Snapshots.Mounts({id})"),
+            status: e.code().to_string(),
+            stderr: e.message().to_string(),
+        })?;
+    let mounts = resp.into_inner().mounts;
+    if mounts.len() != 1 {
+        return Err(RunError::MountLine(format!(
+            "expected one rootfs mount, got {}",
+            mounts.len()
+        )));
+    }
+    Ok(mounts
+        .iter()
+        .map(|m| mount_args_for(&m.r#type, &m.source, &m.options, target))
+        .collect())
+}
+
 /// Mount the container's rootfs, apply the mutation, unmount (always).
-fn mutate_container(
+async fn mutate_container(
+    ch: tonic::transport::Channel,
     o: &RunOptions,
     id: &str,
     m: &Mutation,
@@ -193,14 +234,9 @@ fn mutate_container(
         path: std::env::temp_dir(),
         source,
     })?;
-    let line = run_cmd(
-        ctr(o)
-            .args(["snapshots", "--snapshotter", &o.snapshotter, "mounts"])
-            .arg(dir.path())
-            .arg(id),
-    )?;
-    let args = mount_args(line.trim(), dir.path())?;
-    run_cmd(Command::new("mount").args(&args))?;
+    for args in snapshot_mounts(ch, o, id, dir.path()).await? {
+        run_cmd(Command::new("mount").args(&args))?;
+    }
     let res = apply_mutation_to_dir(dir.path(), m, patch);
     let um = run_cmd(Command::new("umount").arg(dir.path()));
     match res {
@@ -247,7 +283,7 @@ pub async fn run_plan(client: &Client, o: &RunOptions) -> Result<RunReport, RunE
         platform: None,
         image_name: None,
     };
-    let pulled = pull(client, ch, &o.image, &popts)
+    let pulled = pull(client, ch.clone(), &o.image, &popts)
         .await
         .map_err(|e| RunError::Pull {
             image: o.image.clone(),
@@ -267,7 +303,7 @@ pub async fn run_plan(client: &Client, o: &RunOptions) -> Result<RunReport, RunE
     run_cmd(Command::new("ctr").args(create_args(o, &pulled.image, &id)))?;
     if let Some(m) = plan.init_mutation() {
         let t = Instant::now();
-        if let Err(e) = mutate_container(o, &id, m, patch.as_deref()) {
+        if let Err(e) = mutate_container(ch, o, &id, m, patch.as_deref()).await {
             let _ = run_cmd(ctr(o).args(["containers", "rm", &id]));
             return Err(e);
         }
@@ -321,13 +357,14 @@ mod tests {
     }
 
     #[test]
-    fn mount_line_parsing() {
+    fn mount_args_shape() {
         let t = Path::new("/tmp/m");
-        let a = mount_args(
-            "mount -t overlay overlay /tmp/m -o index=off,lowerdir=/x:/y",
+        let a = mount_args_for(
+            "overlay",
+            "overlay",
+            &["index=off".into(), "lowerdir=/x:/y".into()],
             t,
-        )
-        .unwrap();
+        );
         assert_eq!(
             a,
             vec![
@@ -339,7 +376,9 @@ mod tests {
                 "index=off,lowerdir=/x:/y"
             ]
         );
-        assert!(mount_args("rm -rf /", t).is_err());
-        assert!(mount_args("mount -t bind /a /elsewhere", t).is_err());
+        assert_eq!(
+            mount_args_for("bind", "/s", &[], t),
+            vec!["-t", "bind", "/s", "/tmp/m"]
+        );
     }
 }
