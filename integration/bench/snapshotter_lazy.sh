@@ -37,31 +37,32 @@ cleanup() {
     set +e
     for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
     sleep 1
-    grep -o " $W[^ ]*" /proc/self/mounts | sort -r | while read -r m; do umount -l "$m"; done
+    umount_below "$W"
     ip netns pids "$NS" 2>/dev/null | xargs -r kill
     ip netns del "$NS" 2>/dev/null
-    ip link del "v$NS" 2>/dev/null
+    ip link del "wv$$" 2>/dev/null
     rm -rf "$W"
 }
 trap cleanup EXIT
 
+umount_below() { { grep -o " $1[^ ]*" /proc/self/mounts || true; } | sort -r | while read -r m; do umount -l "$m" || true; done; }
 log() { echo "[$(date +%T)] $*" >&2; }
 now() { date +%s.%N; }
 
 # ---- registry in a shaped netns ---------------------------------------------------------
 ip netns add "$NS"
-ip link add "v$NS" type veth peer name "r$NS"
-ip link set "r$NS" netns "$NS"
-ip addr add "$HOST_IP/24" dev "v$NS"; ip link set "v$NS" up
-ip netns exec "$NS" ip addr add "$REG_IP/24" dev "r$NS"
-ip netns exec "$NS" ip link set "r$NS" up
+ip link add "wv$$" type veth peer name "wr$$"
+ip link set "wr$$" netns "$NS"
+ip addr add "$HOST_IP/24" dev "wv$$"; ip link set "wv$$" up
+ip netns exec "$NS" ip addr add "$REG_IP/24" dev "wr$$"
+ip netns exec "$NS" ip link set "wr$$" up
 ip netns exec "$NS" ip link set lo up
 # Download direction: registry egress.
-ip netns exec "$NS" tc qdisc add dev "r$NS" root handle 1: htb default 10
-ip netns exec "$NS" tc class add dev "r$NS" parent 1: classid 1:10 htb rate "$RATE" ceil "$RATE"
+ip netns exec "$NS" tc qdisc add dev "wr$$" root handle 1: htb default 10
+ip netns exec "$NS" tc class add dev "wr$$" parent 1: classid 1:10 htb rate "$RATE" ceil "$RATE"
 # Upload direction too (requests), same rate.
-tc qdisc add dev "v$NS" root handle 1: htb default 10
-tc class add dev "v$NS" parent 1: classid 1:10 htb rate "$RATE" ceil "$RATE"
+tc qdisc add dev "wv$$" root handle 1: htb default 10
+tc class add dev "wv$$" parent 1: classid 1:10 htb rate "$RATE" ceil "$RATE"
 mkdir -p "$W/reg"
 cat > "$W/reg/config.yml" <<EOF
 version: 0.1
@@ -119,12 +120,12 @@ EOF
 }
 stop_stack() { # $1 = run dir
     kill "$CTD_PID" 2>/dev/null; wait "$CTD_PID" 2>/dev/null || true
-    grep -o " $1/ctd[^ ]*" /proc/self/mounts | sort -r | while read -r m; do umount -l "$m"; done
+    umount_below "$1/ctd"
     kill "$SNAP_PID" 2>/dev/null; wait "$SNAP_PID" 2>/dev/null || true
-    grep -o " $1[^ ]*" /proc/self/mounts | sort -r | while read -r m; do umount -l "$m"; done
+    umount_below "$1"
     rm -rf "$1"
 }
-rx() { cat "/sys/class/net/v$NS/statistics/rx_bytes"; }
+rx() { cat "/sys/class/net/wv$$/statistics/rx_bytes"; }
 median() { sort -g | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
 drop_caches() { sync; echo 3 > /proc/sys/vm/drop_caches; }
 
@@ -191,6 +192,15 @@ for i in $(seq "$RUNS"); do
     drop_caches; R[weenv_find]+="$($C run --rm --snapshotter weenv "$REG/bench:weenv" c4 python3 -c "$FIND_PY") "
     stop_stack "$d"
 
+    # (b') weenv with background fill off: the start-up workload alone on the link
+    d="$W/run-weenvnofill-$i"; start_stack "$d" false; C="ctr -a $d/ctd.sock"
+    b0=$(rx); t0=$(now)
+    "$BIN/weenv" --config "$d/snap.toml" pull -a "$d/ctd.sock" -n default --plain-http "$REG/bench:weenv" >/dev/null
+    $C run --rm --snapshotter weenv "$REG/bench:weenv" c1 python3 -c "$CMD" >/dev/null
+    t1=$(now); b1=$(rx)
+    R[nofill_start]+="$(echo "$t1 - $t0" | bc) "; R[nofill_bytes]+="$((b1 - b0)) "
+    stop_stack "$d"
+
     # (c) worst case, cold: pull + read every file
     ALL='find / -xdev -type f -print0 | xargs -0 cat > /dev/null'
     d="$W/run-ovlall-$i"; start_stack "$d" true; C="ctr -a $d/ctd.sock"
@@ -210,6 +220,8 @@ printf '\n%-44s %12s %12s %8s\n' "metric (median of $RUNS, $RATE)" overlayfs wee
 row() { printf '%-44s %12s %12s %8s\n' "$1" "$2" "$3" "$(echo "scale=2; $4" | bc)"; }
 row "pull + '$CMD' cold (s)" "$(m ovl_start)" "$(m weenv_start)" "$(m ovl_start) / $(m weenv_start)"
 row "bytes received for that (MB)" "$(echo "scale=1; $(m ovl_bytes)/1000000" | bc)" "$(echo "scale=1; $(m weenv_bytes)/1000000" | bc)" "$(m weenv_bytes) / $(m ovl_bytes)"
+row "  same, weenv with background fill off (s)" "$(m ovl_start)" "$(m nofill_start)" "$(m ovl_start) / $(m nofill_start)"
+row "  bytes received, fill off (MB)" "$(echo "scale=1; $(m ovl_bytes)/1000000" | bc)" "$(echo "scale=1; $(m nofill_bytes)/1000000" | bc)" "$(m nofill_bytes) / $(m ovl_bytes)"
 row "warm sequential read (MB/s)" "$(m ovl_seq)" "$(m weenv_seq)" "$(m weenv_seq) / $(m ovl_seq)"
 row "warm random 4K read (MB/s)" "$(m ovl_rand)" "$(m weenv_rand)" "$(m weenv_rand) / $(m ovl_rand)"
 row "find / -xdev | wc -l (s)" "$(m ovl_find)" "$(m weenv_find)" "$(m weenv_find) / $(m ovl_find)"

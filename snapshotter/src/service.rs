@@ -255,6 +255,7 @@ impl SnapshotService {
                 digest: req.digest.to_string(),
                 dir: m.dir.clone(),
             }),
+            usage: (m.size, m.inodes),
             now_nanos: now_nanos(),
         });
         match res {
@@ -289,6 +290,7 @@ impl SnapshotService {
             kind,
             labels: to_btree(labels),
             remote: None,
+            usage: (0, 0),
             now_nanos: now_nanos(),
         })?;
         let d = self.dir(rec.id);

@@ -137,6 +137,7 @@ async fn remote_prepare_commits_and_says_already_exists() {
         .await;
     assert!(matches!(r, Err(SnapshotError::RemoteCommitted(_))));
     assert_eq!(s.stat("sha256:c9").unwrap().parent, "sha256:c1");
+    assert_eq!(s.usage("sha256:c9").unwrap(), (7, 3));
     // a non-weenv layer on top takes the ordinary path
     let m = s
         .prepare(

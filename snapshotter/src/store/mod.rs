@@ -58,6 +58,8 @@ pub struct NewSnapshot {
     pub kind: Kind,
     pub labels: BTreeMap<String, String>,
     pub remote: Option<RemoteLayerRef>,
+    /// (bytes, inodes) reported by Usage for a committed (remote) snapshot.
+    pub usage: (i64, i64),
     pub now_nanos: u64,
 }
 
@@ -156,8 +158,8 @@ impl MetaStore {
                 labels: new.labels.clone(),
                 created_nanos: new.now_nanos,
                 updated_nanos: new.now_nanos,
-                size: 0,
-                inodes: 0,
+                size: new.usage.0,
+                inodes: new.usage.1,
                 remote: new.remote.clone(),
             };
             t.insert(new.key.as_str(), encode(&rec).as_slice())

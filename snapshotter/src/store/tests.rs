@@ -13,6 +13,7 @@ fn new(key: &str, parent: &str, kind: Kind) -> NewSnapshot {
         kind,
         labels: BTreeMap::new(),
         remote: None,
+        usage: (0, 0),
         now_nanos: 1,
     }
 }
