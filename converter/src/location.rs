@@ -67,6 +67,9 @@ impl ImageLocation {
             if p.is_dir() {
                 return Err(bad("a directory: write oci:DIR[:tag] for an OCI layout"));
             }
+            return Err(bad(
+                "no such file; write oci:DIR[:tag] for an OCI layout (created if missing) or docker-archive:FILE",
+            ));
         }
         let reference = input
             .strip_prefix("docker://")

@@ -126,6 +126,9 @@ fn main() -> std::process::ExitCode {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("weenv-convert: error: {e:#}");
+            if format!("{e:#}").contains("https://") && format!("{e:#}").contains("Connect") {
+                eprintln!("hint: for a registry without TLS pass --plain-http HOST:PORT");
+            }
             std::process::ExitCode::FAILURE
         }
     }
