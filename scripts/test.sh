@@ -1,16 +1,32 @@
 #!/usr/bin/env bash
 # What CI runs: formatting, lints, and every test including the privileged end-to-end ones
 # (they start their own registry, containerd and weenv daemons on temp dirs and free ports).
-# Needs root and the packages from scripts/deps.sh.
-set -euo pipefail
+# Needs root and the packages from scripts/deps.sh. Every step runs even if an earlier one
+# failed (so one report shows everything); the exit status is non-zero if any step failed.
+# Extra arguments for the test harness: WEENV_TEST_ARGS (e.g. "--test-threads=1").
+set -uo pipefail
 cd "$(dirname "$0")/.."
 
-step() { printf '\n==> %s\n' "$*"; }
+failed=()
+step() {
+  local name=$1; shift
+  printf '\n==> %s\n' "$name"
+  local t0=$SECONDS
+  if "$@"; then
+    printf '==> %s: ok (%ss)\n' "$name" $((SECONDS - t0))
+  else
+    printf '==> %s: FAILED (%ss)\n' "$name" $((SECONDS - t0))
+    failed+=("$name")
+  fi
+}
 
-step "cargo fmt --check"
-cargo fmt --all -- --check
-step "cargo clippy --workspace --all-targets -- -D warnings"
-cargo clippy --workspace --all-targets -- -D warnings
-step "cargo test --workspace -- --include-ignored"
-cargo test --workspace -- --include-ignored ${WEENV_TEST_ARGS:-}
-step "all checks passed"
+step "cargo fmt --check" cargo fmt --all -- --check
+step "cargo clippy -D warnings" cargo clippy --workspace --all-targets -- -D warnings
+# shellcheck disable=SC2086
+step "cargo test (incl. ignored)" cargo test --workspace --no-fail-fast -- --include-ignored ${WEENV_TEST_ARGS:-}
+
+if [ ${#failed[@]} -gt 0 ]; then
+  printf '\nFAILED: %s\n' "${failed[*]}"
+  exit 1
+fi
+printf '\nall checks passed\n'
