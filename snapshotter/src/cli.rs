@@ -108,7 +108,7 @@ pub struct RunArgs {
     pub cmd: Vec<String>,
 }
 
-fn load_config(path: &PathBuf) -> Result<Config> {
+fn load_config(path: &std::path::Path) -> Result<Config> {
     if path.exists() {
         Config::load(path).with_context(|| format!("loading {}", path.display()))
     } else {

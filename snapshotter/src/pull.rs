@@ -430,7 +430,6 @@ async fn pull_leased(
                             name: chain.clone(),
                             key: key.clone(),
                             labels: HashMap::new(),
-                            ..Default::default()
                         }))
                         .await
                         .map(|_| ())
