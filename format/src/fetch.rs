@@ -213,4 +213,52 @@ mod tests {
         assert_eq!(frames_for_range(&e, 99, 2), idx(&[4, 5]));
         assert!(frames_for_range(&e, 300, 2).is_empty());
     }
+
+    proptest::proptest! {
+        /// Every wanted frame is fetched exactly once; ranges are in blob order, disjoint, made
+        /// of whole contiguous frames, within max_request unless a single frame is larger, and
+        /// gaps inside a range never exceed max_gap.
+        #[test]
+        fn plan_invariants(
+            clens in proptest::collection::vec(1u64..5000, 1..60),
+            want in proptest::collection::vec(0u32..70, 0..40),
+            max_gap in 0u64..8000,
+            max_request in 1u64..40000,
+        ) {
+            let t = toc(&clens);
+            let wanted: Vec<FrameIdx> = want.iter().copied().map(FrameIdx).collect();
+            let plan = plan_fetch(&t, &wanted, max_gap, max_request);
+            let mut seen = std::collections::BTreeSet::new();
+            let mut prev_end = 0;
+            for r in &plan {
+                proptest::prop_assert!(r.offset >= prev_end);
+                prev_end = r.offset + r.len;
+                proptest::prop_assert!(r.len <= max_request || r.frames.len() == 1);
+                let mut at = r.offset;
+                for f in &r.frames {
+                    let fr = &t.frames[f.0 as usize];
+                    proptest::prop_assert_eq!(fr.offset, at);
+                    at += fr.clen;
+                    proptest::prop_assert!(seen.insert(*f));
+                }
+                proptest::prop_assert_eq!(at, r.offset + r.len);
+                // first and last frames of a range are wanted
+                proptest::prop_assert!(wanted.contains(&r.frames[0]));
+                proptest::prop_assert!(wanted.contains(r.frames.last().unwrap()));
+                // any run of unwanted frames inside a range is at most max_gap bytes
+                let mut gap = 0;
+                for f in &r.frames {
+                    if wanted.contains(f) { gap = 0; } else {
+                        gap += t.frames[f.0 as usize].clen;
+                        proptest::prop_assert!(gap <= max_gap);
+                    }
+                }
+            }
+            for w in &wanted {
+                if (w.0 as usize) < clens.len() {
+                    proptest::prop_assert!(seen.contains(w));
+                }
+            }
+        }
+    }
 }

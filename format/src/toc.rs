@@ -351,4 +351,34 @@ mod tests {
             Err(FormatError::TocDecode { .. })
         ));
     }
+
+    proptest::proptest! {
+        /// Clipped chunks tile exactly `offset..min(offset+len, size)`.
+        #[test]
+        fn chunks_in_tiles_the_range(
+            lens in proptest::collection::vec(1u64..100, 0..20),
+            offset in 0u64..2500,
+            len in 0u64..2500,
+        ) {
+            let mut chunks = Vec::new();
+            let mut at = 0;
+            for (i, l) in lens.iter().enumerate() {
+                chunks.push((at, i as u32, 7, *l));
+                at += l;
+            }
+            let e = file(at, &chunks);
+            let end = offset.saturating_add(len).min(at);
+            let mut pos = offset;
+            for c in e.chunks_in(offset, len) {
+                proptest::prop_assert_eq!(c.file_offset, pos);
+                proptest::prop_assert!(c.len > 0);
+                let orig = &e.chunks[c.frame.0 as usize];
+                proptest::prop_assert_eq!(c.frame_offset - orig.frame_offset, c.file_offset - orig.file_offset);
+                pos += c.len;
+            }
+            // nothing past EOF; otherwise exactly up to `end`
+            let expect = if offset >= at { offset } else { end };
+            proptest::prop_assert_eq!(pos, expect);
+        }
+    }
 }
