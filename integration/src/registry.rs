@@ -29,6 +29,16 @@ impl LocalRegistry {
     /// Start a registry with storage under `tmp/registry` (deletes enabled), listening on
     /// 127.0.0.1 at a free port; its log goes to `tmp/registry/registry.log`.
     pub fn start(tmp: &Path) -> Result<LocalRegistry> {
+        Self::start_inner(tmp, false)
+    }
+
+    /// Like [`LocalRegistry::start`], but serving HTTPS with a fresh self-signed certificate
+    /// for `127.0.0.1` (`root()/cert.pem`), made with the `openssl` CLI.
+    pub fn start_tls(tmp: &Path) -> Result<LocalRegistry> {
+        Self::start_inner(tmp, true)
+    }
+
+    fn start_inner(tmp: &Path, tls: bool) -> Result<LocalRegistry> {
         require_bins(&["docker-registry"])?;
         let root = tmp.join("registry");
         std::fs::create_dir_all(root.join("data"))?;
@@ -38,6 +48,44 @@ impl LocalRegistry {
             "version: 0.1\nlog:\n  level: info\n  formatter: text\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: {addr}\n",
             root.join("data").display()
         );
+        let config = if tls {
+            require_bins(&["openssl"])?;
+            let (cert, key) = (root.join("cert.pem"), root.join("key.pem"));
+            let st = Command::new("openssl")
+                .args([
+                    "req",
+                    "-x509",
+                    "-newkey",
+                    "ec",
+                    "-pkeyopt",
+                    "ec_paramgen_curve:prime256v1",
+                    "-nodes",
+                    "-days",
+                    "2",
+                ])
+                .args([
+                    "-subj",
+                    "/CN=127.0.0.1",
+                    "-addext",
+                    "subjectAltName=IP:127.0.0.1",
+                ])
+                .arg("-keyout")
+                .arg(&key)
+                .arg("-out")
+                .arg(&cert)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .context("running openssl req")?;
+            anyhow::ensure!(st.success(), "openssl req failed: {st}");
+            format!(
+                "{config}  tls:\n    certificate: {}\n    key: {}\n",
+                cert.display(),
+                key.display()
+            )
+        } else {
+            config
+        };
         let cfg_path = root.join("config.yml");
         std::fs::write(&cfg_path, config)?;
         let log = std::fs::File::create(root.join("registry.log"))?;
