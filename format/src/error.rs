@@ -37,6 +37,8 @@ pub enum FormatError {
     PaxRecord { offset: u64, reason: String },
     #[error("tar extension header at offset {offset}: {size} bytes exceeds the limit of {limit}")]
     ExtensionTooLarge { offset: u64, size: u64, limit: u64 },
+    #[error("tar stream has a header at offset {offset} after an end-of-archive zero block (concatenated archives?); containerd would reject it")]
+    DataAfterEnd { offset: u64 },
     #[error("tar extension header at offset {offset} is not followed by an entry")]
     DanglingExtension { offset: u64 },
     #[error("tar entry {path:?} of type {typeflag:?} has a payload of {size} bytes; only regular files may carry data")]

@@ -17,7 +17,8 @@
 //!
 //! Precedence for names (as Go's archive/tar, which containerd uses): GNU `L`/`K` > PAX `x` >
 //! PAX `g` > header field. Divergence from Go: Go ignores `g` headers; we apply them (POSIX).
-//! The first all-zero block ends the archive; everything after it is trailer (not parsed).
+//! The first all-zero block ends the archive; a non-zero block right after it is rejected (as Go
+//! does); everything after the second block is trailer (kept, not parsed).
 
 use crate::paths::{self, Admit, Namespace};
 use crate::toc::{Entry, EntryKind};
@@ -500,7 +501,15 @@ pub fn walk<R: Read, S: TarSink>(mut input: R, sink: &mut S) -> Result<u64, Form
             if let Some(at) = pending.since {
                 return Err(FormatError::DanglingExtension { offset: at });
             }
-            // End of archive: the rest (second zero block, record padding, anything) is trailer.
+            // End of archive. Like Go's archive/tar (containerd), a zero block followed by a
+            // non-zero block is an error (e.g. concatenated archives), so both unpackers agree.
+            let k = read_full(&mut input, &mut block)?;
+            if k == BLOCK && !is_zero_block(&block) {
+                return Err(FormatError::DataAfterEnd { offset });
+            }
+            offset += k as u64;
+            sink.meta(&block[..k])?;
+            // The rest (record padding, anything) is trailer, kept verbatim.
             loop {
                 let k = read_full(&mut input, &mut piece)?;
                 if k == 0 {

@@ -377,6 +377,15 @@ fn other_tar_violations() {
     t.dir("a/b");
     t.dir("a");
     assert!(write_layer(&t.finish()[..], Vec::new(), &WriterOptions::default()).is_ok());
+    // Concatenated archives: a header right after a single zero block.
+    let mut t = TarBuilder::new();
+    t.file("a", b"x");
+    t.out.extend_from_slice(&[0u8; 512]);
+    t.file("b", b"y");
+    assert!(matches!(
+        writer(&t.finish()),
+        FormatError::DataAfterEnd { .. }
+    ));
     // Extension header followed by end of archive.
     let mut t = TarBuilder::new();
     t.pax(&[("path", b"x")], false);
