@@ -408,6 +408,7 @@ pub async fn run_plan(client: &Client, cmd: PlanCmd, json: bool) -> Result<()> {
                     serde_json::json!({
                         "plans": st.plans, "groups": st.groups,
                         "weenv": {"artifacts": st.weenv.artifacts, "bytes": st.weenv.bytes},
+                        "weenvInitMutation": {"artifacts": st.weenv_init_mutation.artifacts, "bytes": st.weenv_init_mutation.bytes, "initBytes": st.weenv_init_mutation.init_bytes},
                         "static": {"artifacts": st.static_bundling.artifacts, "bytes": st.static_bundling.bytes},
                         "dynamic": {"artifacts": st.dynamic.artifacts, "bytes": st.dynamic.bytes, "initBytes": st.dynamic.init_bytes},
                     })

@@ -2,7 +2,9 @@
 //! strategy must publish (pure; sizes come from resolved groups or a synthetic model).
 //!
 //! - **weenv** (groups + plans): every distinct group once, layers deduplicated by digest; each
-//!   plan adds one composed manifest (metadata only, no layer bytes).
+//!   plan adds one composed manifest (metadata only, a few KB, not counted as an artifact: `weenv
+//!   run` composes it on the fly). Two variants: mutations
+//!   pre-applied as tiny groups (one per task), or applied at init from patch files.
 //! - **static bundling** (one full image per plan, T×H images): images built `FROM` the base
 //!   share the base layers; every other layer is rebuilt, so it is published once per image.
 //! - **dynamic assembly** (one image per distinct non-harness/evaluator stack, the harness and
@@ -51,7 +53,11 @@ pub struct Stats {
     pub plans: usize,
     /// Distinct groups (weenv artifacts besides the composed manifests).
     pub groups: usize,
+    /// Mutations pre-applied as tiny groups (one group per task).
     pub weenv: Cost,
+    /// Mutations applied at init from patch files: `mutation` groups are replaced by patches
+    /// (counted in `init_bytes` as applied per start, not as published groups).
+    pub weenv_init_mutation: Cost,
     pub static_bundling: Cost,
     pub dynamic: Cost,
 }
@@ -94,13 +100,34 @@ pub fn stats(plans: &[PlanShape]) -> Stats {
         dyn_images.insert(stack, stack_bytes);
     }
     let base_bytes: u64 = base_layers.values().sum();
+    let non_mut_groups = groups.values().filter(|g| g.kind != "mutation").count();
+    let mut_layers: BTreeSet<&str> = groups
+        .values()
+        .filter(|g| g.kind == "mutation")
+        .flat_map(|g| g.layers.iter().map(|l| l.0.as_str()))
+        .collect();
+    let patch_bytes: u64 = plans
+        .iter()
+        .flat_map(|p| p.groups.iter())
+        .filter(|g| g.kind == "mutation")
+        .map(GroupShape::bytes)
+        .sum();
     Stats {
         plans: plans.len(),
         groups: groups.len(),
         weenv: Cost {
-            artifacts: groups.len() + plans.len(),
+            artifacts: groups.len(),
             bytes: layers.values().sum(),
             init_bytes: 0,
+        },
+        weenv_init_mutation: Cost {
+            artifacts: non_mut_groups,
+            bytes: layers
+                .iter()
+                .filter(|(id, _)| !mut_layers.contains(*id))
+                .map(|(_, s)| s)
+                .sum(),
+            init_bytes: patch_bytes,
         },
         static_bundling: Cost {
             artifacts: plans.len(),
@@ -171,14 +198,24 @@ pub fn synthetic(
 
 /// Human-readable table.
 pub fn table(s: &Stats) -> String {
-    let gb = |b: u64| format!("{:.2} GiB", b as f64 / f64::from(1u32 << 30));
-    let mut out = format!("plans: {}, distinct groups: {}\n", s.plans, s.groups);
+    let gb = |b: u64| {
+        if b < 1 << 30 {
+            format!("{:.2} MiB", b as f64 / f64::from(1u32 << 20))
+        } else {
+            format!("{:.2} GiB", b as f64 / f64::from(1u32 << 30))
+        }
+    };
+    let mut out = format!(
+        "plans: {}, distinct groups: {} (weenv artifacts = groups; composed manifests are metadata)\n",
+        s.plans, s.groups
+    );
     out += &format!(
         "{:<34} {:>10} {:>14} {:>16}\n",
         "strategy", "artifacts", "published", "installed/starts"
     );
     for (name, c) in [
-        ("weenv (groups + composed plans)", &s.weenv),
+        ("weenv, pre-applied mutations", &s.weenv),
+        ("weenv, mutations at init", &s.weenv_init_mutation),
         ("static bundling (image per plan)", &s.static_bundling),
         ("dynamic (images + install at init)", &s.dynamic),
     ] {
@@ -222,8 +259,11 @@ mod tests {
         assert_eq!(st.plans, 600);
         // base + 4 repos + 200 mutations + 3 harnesses + 1 evaluator
         assert_eq!(st.groups, 1 + 4 + 200 + 3 + 1);
-        assert_eq!(st.weenv.artifacts, 209 + 600);
+        assert_eq!(st.weenv.artifacts, 209);
         assert_eq!(st.weenv.bytes, 100 + 40 + 200 + 150 + 5);
+        assert_eq!(st.weenv_init_mutation.artifacts, 9);
+        assert_eq!(st.weenv_init_mutation.bytes, 100 + 40 + 150 + 5);
+        assert_eq!(st.weenv_init_mutation.init_bytes, 600);
         assert_eq!(st.static_bundling.artifacts, 600);
         assert_eq!(st.static_bundling.bytes, 100 + 600 * (10 + 1 + 50 + 5));
         assert_eq!(st.dynamic.artifacts, 200);
