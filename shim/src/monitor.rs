@@ -264,8 +264,12 @@ impl Monitor {
         if let Some(t) = self.current.mem.as_mut() {
             t.ceiling = self.cfg.memory.max_bytes.min(ceiling.mem).max(t.initial);
         }
-        let samples: Vec<Sample> = self.samples.iter().copied().collect();
-        let d = decide(&samples, now, &self.current, &self.policy);
+        let d = decide(
+            self.samples.make_contiguous(),
+            now,
+            &self.current,
+            &self.policy,
+        );
         self.current.oom_at_ceiling_since = d.oom_at_ceiling_since;
         if d.cpu.is_some() || d.mem.is_some() {
             let want = Res {

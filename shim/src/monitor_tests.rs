@@ -35,15 +35,7 @@ fn setup(t: &std::path::Path) -> (V1, ShimConfig, StatusDir) {
     cfg.node.memory_bytes = 8 << 30;
     cfg.monitor.status_dir = t.join("status");
     let sd = StatusDir::new(&cfg.monitor.status_dir, "ns", "c");
-    (
-        V1 {
-            cpu,
-            cpuacct: acct,
-            memory: mem,
-        },
-        cfg,
-        sd,
-    )
+    (V1::new(cpu, acct, mem), cfg, sd)
 }
 
 #[test]

@@ -122,11 +122,7 @@ pub fn from_paths(p: CgroupPaths) -> Box<dyn CgroupIo> {
             cpu,
             cpuacct,
             memory,
-        } => Box::new(V1 {
-            cpu,
-            cpuacct,
-            memory,
-        }),
-        CgroupPaths::V2 { dir } => Box::new(V2 { dir }),
+        } => Box::new(V1::new(cpu, cpuacct, memory)),
+        CgroupPaths::V2 { dir } => Box::new(V2::new(dir)),
     }
 }

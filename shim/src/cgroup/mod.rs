@@ -108,6 +108,72 @@ pub trait CgroupIo: Send + Sync {
     fn write(&self, write: &CgroupWrite) -> Result<(), CgroupError>;
 }
 
+/// A fixed set of cgroup files kept open and re-read with `pread(0)` into one reused
+/// buffer (saves the path walk, open/close and allocation of every sample; cgroup seq
+/// files restart at offset 0).
+#[derive(Debug)]
+pub(crate) struct Files {
+    paths: Vec<PathBuf>,
+    state: std::sync::Mutex<(Vec<Option<std::fs::File>>, Vec<u8>)>,
+}
+
+impl Files {
+    pub(crate) fn new(paths: Vec<PathBuf>) -> Files {
+        let n = paths.len();
+        Files {
+            paths,
+            state: std::sync::Mutex::new(((0..n).map(|_| None).collect(), Vec::new())),
+        }
+    }
+
+    /// Reads file `i` and hands its text to `f`.
+    pub(crate) fn with<T>(
+        &self,
+        i: usize,
+        f: impl FnOnce(&Path, &str) -> Result<T, CgroupError>,
+    ) -> Result<T, CgroupError> {
+        use std::os::unix::fs::FileExt;
+        let path = &self.paths[i];
+        let err = |source| CgroupError::Read {
+            path: path.to_path_buf(),
+            source,
+        };
+        let mut guard = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let (files, buf) = &mut *guard;
+        if files[i].is_none() {
+            files[i] = Some(std::fs::File::open(path).map_err(err)?);
+        }
+        let Some(file) = files[i].as_ref() else {
+            return f(path, &read(path)?);
+        };
+        // Kernel fact: cgroup files are single-record seq files; one read with room to
+        // spare returns the whole text, so a short read ends the loop (no extra syscall).
+        if buf.is_empty() {
+            buf.extend(std::iter::repeat_n(0u8, 8192));
+        }
+        let mut len = 0;
+        loop {
+            let n = file.read_at(&mut buf[len..], len as u64).map_err(err)?;
+            len += n;
+            if n == 0 || len < buf.len() {
+                break;
+            }
+            let grow = buf.len();
+            buf.extend(std::iter::repeat_n(0u8, grow));
+        }
+        let buf = &buf[..len];
+        let text = std::str::from_utf8(buf).map_err(|_| CgroupError::Parse {
+            path: path.to_path_buf(),
+            content: "<not utf-8>".into(),
+        })?;
+        f(path, text)
+    }
+
+    pub(crate) fn read_u64(&self, i: usize) -> Result<u64, CgroupError> {
+        self.with(i, parse_u64)
+    }
+}
+
 pub(crate) fn read(path: &Path) -> Result<String, CgroupError> {
     std::fs::read_to_string(path).map_err(|source| CgroupError::Read {
         path: path.to_path_buf(),

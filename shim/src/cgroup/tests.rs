@@ -35,11 +35,7 @@ pub(crate) fn fake_v1(root: &Path) -> v1::V1 {
     );
     put(&mem, "memory.limit_in_bytes", "67108864\n");
     put(&mem, "memory.memsw.limit_in_bytes", "67108864\n");
-    v1::V1 {
-        cpu,
-        cpuacct: acct,
-        memory: mem,
-    }
+    v1::V1::new(cpu, acct, mem)
 }
 
 #[test]
@@ -127,7 +123,7 @@ fn v2_reads_and_writes() {
     );
     put(&d, "memory.max", "max\n");
     put(&d, "memory.high", "max\n");
-    let io = v2::V2 { dir: d.clone() };
+    let io = v2::V2::new(d.clone());
     let s = io.sample(Duration::ZERO).unwrap();
     assert_eq!(
         (s.cpu_usage_ns, s.cpu_periods, s.cpu_throttled),

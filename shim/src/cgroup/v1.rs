@@ -8,16 +8,44 @@ use std::time::Duration;
 
 use super::{
     keyed, limit_or_none, parse_u64, read, read_u64, write_file, CgroupError, CgroupIo,
-    CgroupVersion, CgroupWrite, CpuMax, Limits,
+    CgroupVersion, CgroupWrite, CpuMax, Files, Limits,
 };
 use crate::policy::Sample;
 
 /// A container's v1 cgroup directories (one per controller).
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct V1 {
     pub cpu: PathBuf,
     pub cpuacct: PathBuf,
     pub memory: PathBuf,
+    files: Files,
+}
+
+// Slots of the sampled files.
+const USAGE: usize = 0;
+const CPU_STAT: usize = 1;
+const MEM_USAGE: usize = 2;
+const MEM_STAT: usize = 3;
+const FAILCNT: usize = 4;
+const OOM_CONTROL: usize = 5;
+
+impl V1 {
+    pub fn new(cpu: PathBuf, cpuacct: PathBuf, memory: PathBuf) -> V1 {
+        let files = Files::new(vec![
+            cpuacct.join("cpuacct.usage"),
+            cpu.join("cpu.stat"),
+            memory.join("memory.usage_in_bytes"),
+            memory.join("memory.stat"),
+            memory.join("memory.failcnt"),
+            memory.join("memory.oom_control"),
+        ]);
+        V1 {
+            cpu,
+            cpuacct,
+            memory,
+            files,
+        }
+    }
 }
 
 impl CgroupIo for V1 {
@@ -26,23 +54,35 @@ impl CgroupIo for V1 {
     }
 
     fn sample(&self, at: Duration) -> Result<Sample, CgroupError> {
-        let cpu_usage_ns = read_u64(&self.cpuacct.join("cpuacct.usage"))?;
-        let stat = read(&self.cpu.join("cpu.stat"))?;
-        let mem_usage = read_u64(&self.memory.join("memory.usage_in_bytes"))?;
-        let mstat = read(&self.memory.join("memory.stat"))?;
-        let inactive = keyed(&mstat, "total_inactive_file").unwrap_or(0);
-        let failcnt = read_u64(&self.memory.join("memory.failcnt"))?;
-        let oom = read(&self.memory.join("memory.oom_control"))?;
+        let f = &self.files;
+        let cpu_usage_ns = f.read_u64(USAGE)?;
+        let (cpu_periods, cpu_throttled) = f.with(CPU_STAT, |_, t| {
+            Ok((
+                keyed(t, "nr_periods").unwrap_or(0),
+                keyed(t, "nr_throttled").unwrap_or(0),
+            ))
+        })?;
+        let mem_usage = f.read_u64(MEM_USAGE)?;
+        let inactive = f.with(MEM_STAT, |_, t| {
+            Ok(keyed(t, "total_inactive_file").unwrap_or(0))
+        })?;
+        let failcnt = f.read_u64(FAILCNT)?;
+        let (oom_kill, under_oom) = f.with(OOM_CONTROL, |_, t| {
+            Ok((
+                keyed(t, "oom_kill").unwrap_or(0),
+                keyed(t, "under_oom").unwrap_or(0) != 0,
+            ))
+        })?;
         Ok(Sample {
             at,
             cpu_usage_ns,
-            cpu_periods: keyed(&stat, "nr_periods").unwrap_or(0),
-            cpu_throttled: keyed(&stat, "nr_throttled").unwrap_or(0),
+            cpu_periods,
+            cpu_throttled,
             mem_usage,
             mem_working_set: mem_usage.saturating_sub(inactive),
             mem_pressure_events: failcnt,
-            oom_events: keyed(&oom, "oom_kill").unwrap_or(0),
-            under_oom: keyed(&oom, "under_oom").unwrap_or(0) != 0,
+            oom_events: oom_kill,
+            under_oom,
             mem_psi_some_avg10: None,
         })
     }

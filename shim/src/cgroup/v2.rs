@@ -7,15 +7,40 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::{
-    keyed, read, read_u64, write_file, CgroupError, CgroupIo, CgroupVersion, CgroupWrite, CpuMax,
+    keyed, read, write_file, CgroupError, CgroupIo, CgroupVersion, CgroupWrite, CpuMax, Files,
     Limits,
 };
 use crate::policy::Sample;
 
 /// A container's v2 cgroup directory.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct V2 {
     pub dir: PathBuf,
+    files: Files,
+}
+
+const CPU_STAT: usize = 0;
+const MEM_CURRENT: usize = 1;
+const MEM_STAT: usize = 2;
+const MEM_EVENTS: usize = 3;
+const MEM_PRESSURE: usize = 4;
+
+impl V2 {
+    pub fn new(dir: PathBuf) -> V2 {
+        let files = Files::new(
+            [
+                "cpu.stat",
+                "memory.current",
+                "memory.stat",
+                "memory.events",
+                "memory.pressure",
+            ]
+            .iter()
+            .map(|n| dir.join(n))
+            .collect(),
+        );
+        V2 { dir, files }
+    }
 }
 
 fn max_or(path: &std::path::Path, s: &str) -> Result<Option<u64>, CgroupError> {
@@ -41,24 +66,34 @@ impl CgroupIo for V2 {
     }
 
     fn sample(&self, at: Duration) -> Result<Sample, CgroupError> {
-        let stat = read(&self.dir.join("cpu.stat"))?;
-        let mem_usage = read_u64(&self.dir.join("memory.current"))?;
-        let mstat = read(&self.dir.join("memory.stat"))?;
-        let events = read(&self.dir.join("memory.events"))?;
-        let psi = std::fs::read_to_string(self.dir.join("memory.pressure"))
+        let f = &self.files;
+        let (usage_usec, cpu_periods, cpu_throttled) = f.with(CPU_STAT, |_, t| {
+            Ok((
+                keyed(t, "usage_usec").unwrap_or(0),
+                keyed(t, "nr_periods").unwrap_or(0),
+                keyed(t, "nr_throttled").unwrap_or(0),
+            ))
+        })?;
+        let mem_usage = f.read_u64(MEM_CURRENT)?;
+        let inactive = f.with(MEM_STAT, |_, t| Ok(keyed(t, "inactive_file").unwrap_or(0)))?;
+        let (high, max, oom) = f.with(MEM_EVENTS, |_, t| {
+            let ev = |k| keyed(t, k).unwrap_or(0);
+            Ok((ev("high"), ev("max"), ev("oom") + ev("oom_kill")))
+        })?;
+        // PSI is optional (kernel without CONFIG_PSI or psi=0).
+        let psi = f
+            .with(MEM_PRESSURE, |_, t| Ok(psi_some_avg10(t)))
             .ok()
-            .and_then(|c| psi_some_avg10(&c));
-        let inactive = keyed(&mstat, "inactive_file").unwrap_or(0);
-        let ev = |k| keyed(&events, k).unwrap_or(0);
+            .flatten();
         Ok(Sample {
             at,
-            cpu_usage_ns: keyed(&stat, "usage_usec").unwrap_or(0).saturating_mul(1000),
-            cpu_periods: keyed(&stat, "nr_periods").unwrap_or(0),
-            cpu_throttled: keyed(&stat, "nr_throttled").unwrap_or(0),
+            cpu_usage_ns: usage_usec.saturating_mul(1000),
+            cpu_periods,
+            cpu_throttled,
             mem_usage,
             mem_working_set: mem_usage.saturating_sub(inactive),
-            mem_pressure_events: ev("high") + ev("max"),
-            oom_events: ev("oom") + ev("oom_kill"),
+            mem_pressure_events: high + max,
+            oom_events: oom,
             under_oom: false,
             mem_psi_some_avg10: psi,
         })
