@@ -144,7 +144,7 @@ pub fn parse_header(block: &[u8; BLOCK], offset: u64) -> Result<Header, FormatEr
         });
     }
     let magic = &block[257..265];
-    let posix = &magic[..6] == b"ustar\0";
+    let posix = magic == b"ustar\x0000"; // magic + version "00", as Go checks
     let gnu = magic == b"ustar  \0";
     let mut name = cstr(&block[0..100]).to_vec();
     if posix {
