@@ -224,3 +224,50 @@ fn bad_sources_give_typed_errors() {
         other => panic!("expected BadImage, got {other:?}"),
     }
 }
+
+#[test]
+fn weenv_layers_without_annotations_are_recognised_by_their_footer() {
+    let tmp = tempfile::tempdir().unwrap();
+    let rt = rt();
+    let tar = tar_of(&[("a".into(), vec![7u8; 5000]), ("b".into(), b"x".to_vec())]);
+    let src = tmp.path().join("src");
+    layout(
+        &src,
+        "t",
+        &[("application/vnd.oci.image.layer.v1.tar", tar.clone())],
+        &[sha(&tar)],
+    );
+    let dst = tmp.path().join("dst");
+    let r = rt
+        .block_on(convert(
+            &format!("oci:{}:t", src.display()),
+            &format!("oci:{}:w", dst.display()),
+        ))
+        .unwrap();
+    let weenv_blob = std::fs::read(
+        dst.join("blobs/sha256")
+            .join(&r.manifests[0].layers[0].digest[7..]),
+    )
+    .unwrap();
+    // The same blob in an image whose descriptor lost the annotations (e.g. via docker-archive).
+    let again = tmp.path().join("again");
+    layout(
+        &again,
+        "t",
+        &[("application/vnd.oci.image.layer.v1.tar+zstd", weenv_blob)],
+        &[sha(&tar)],
+    );
+    let r2 = rt
+        .block_on(convert(
+            &format!("oci:{}:t", again.display()),
+            &format!("oci:{}:w", dst.display()),
+        ))
+        .unwrap();
+    assert_eq!(r2.manifests[0].layers[0].action, LayerAction::Passthrough);
+    assert_eq!(
+        r2.manifests[0].layers[0].digest,
+        r.manifests[0].layers[0].digest
+    );
+    // The rewritten descriptor carries the annotations again: same manifest as the first time.
+    assert_eq!(r2.digest, r.digest);
+}
