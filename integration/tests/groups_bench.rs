@@ -1,7 +1,7 @@
 //! Benchmarks for groups and plans (run by `integration/bench/plan_bench.sh`; prints a table):
 //! 1. compose latency of a 4-group plan against a local registry: cold (empty resolution cache)
 //!    and warm (cache loaded from disk, tags within TTL), resolve+compose alone and with publish;
-//! 2. at-init mutation latency, median of 100: a 3-file patch (modify, new file, delete, mode)
+//! 2. at-init mutation latency, median of 100: a 4-file patch (modify, new file, delete, mode)
 //!    applied into a fresh overlay upper layer over a 400-file repository, as `weenv run` does;
 //! 3. artifact accounting for T=200 tasks over 4 repositories and H=3 harnesses.
 //!
@@ -235,7 +235,7 @@ async fn plan_and_mutation_bench() -> Result<()> {
     for (name, c, t) in &rows {
         println!("{name:<12} {c:>11.2} ms {t:>19.2} ms");
     }
-    println!("\n== at-init mutation (3-file patch, 400-file repo, overlay upper), 100 runs ==");
+    println!("\n== at-init mutation (4-file patch, 400-file repo, overlay upper), 100 runs ==");
     println!("apply: median {apply_med:.2} ms, p90 {apply_p90:.2} ms; mount+apply+umount median {full_med:.2} ms");
     println!("\n== artifacts: T=200 tasks, 4 repositories, H=3 harnesses ==");
     print!("{}", table(&st));
