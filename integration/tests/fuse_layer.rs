@@ -238,3 +238,69 @@ fn disk_cache_survives_a_restart() -> Result<()> {
     }
     Ok(())
 }
+
+#[test]
+#[ignore = "needs root and /dev/fuse"]
+fn concurrent_readers_get_correct_content_with_one_fetch_per_frame() -> Result<()> {
+    let fill = weenv_snapshotter::fetch::FillConfig {
+        enabled: false,
+        max_gap_bytes: 0,
+        ..Default::default()
+    };
+    let fx = Fixture::new(fill, false)?;
+    let layer = TestLayer::with_frames(fx.dir.path(), "rich", &rich_tar()?, 16 << 10)?;
+    let dir = fx.add(&layer)?;
+    let files: Vec<(String, std::path::PathBuf)> = ["json", "email", "http"]
+        .iter()
+        .flat_map(|pkg| {
+            std::fs::read_dir(format!("/usr/lib/python3.11/{pkg}"))
+                .into_iter()
+                .flatten()
+                .flatten()
+                .filter(|e| e.path().is_file())
+                .map(move |e| {
+                    (
+                        format!("usr/lib/python3/{pkg}/{}", e.file_name().to_string_lossy()),
+                        e.path(),
+                    )
+                })
+        })
+        .collect();
+    ensure!(files.len() > 20, "{} files", files.len());
+    std::thread::scope(|s| -> Result<()> {
+        let mut hs = Vec::new();
+        for t in 0..8usize {
+            let (files, dir) = (&files, &dir);
+            hs.push(s.spawn(move || -> Result<()> {
+                for k in 0..files.len() {
+                    let (rel, src) = &files[(k * 7 + t * 13) % files.len()];
+                    ensure!(
+                        std::fs::read(dir.join(rel))? == std::fs::read(src)?,
+                        "{rel}"
+                    );
+                }
+                Ok(())
+            }));
+        }
+        for h in hs {
+            h.join().map_err(|_| anyhow::anyhow!("reader panicked"))??;
+        }
+        Ok(())
+    })?;
+    let reqs = layer.source.requests();
+    let mut seen = BTreeSet::new();
+    for (off, len) in &reqs {
+        for (i, f) in layer.toc.frames.iter().enumerate() {
+            if *off <= f.offset && f.offset + f.clen <= off + len {
+                ensure!(seen.insert(i), "frame {i} fetched twice: {reqs:?}");
+            }
+        }
+    }
+    println!(
+        "8 readers x {} files: {} range requests, {} frames fetched once each",
+        files.len(),
+        reqs.len(),
+        seen.len()
+    );
+    Ok(())
+}

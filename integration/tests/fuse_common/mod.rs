@@ -44,11 +44,22 @@ pub struct TestLayer {
 impl TestLayer {
     /// Converts `tar` (bytes) into a weenv layer under `dir/name.*`.
     pub fn new(dir: &Path, name: &str, tar: &[u8]) -> Result<Self> {
+        Self::with_frames(dir, name, tar, WriterOptions::default().frame_size)
+    }
+
+    /// Like [`new`](Self::new) with frames of `frame_size` bytes (small files up to a quarter).
+    pub fn with_frames(dir: &Path, name: &str, tar: &[u8], frame_size: u64) -> Result<Self> {
+        let opts = WriterOptions {
+            frame_size,
+            small_file_threshold: frame_size / 4,
+            chunk_size: frame_size,
+            ..WriterOptions::default()
+        };
         let tar_path = dir.join(format!("{name}.tar"));
         std::fs::write(&tar_path, tar)?;
         let blob = dir.join(format!("{name}.blob"));
         let out = std::fs::File::create(&blob)?;
-        let s = write_layer(tar, std::io::BufWriter::new(out), &WriterOptions::default())
+        let s = write_layer(tar, std::io::BufWriter::new(out), &opts)
             .context("converting the test tar")?;
         let toc = weenv_format::reader::LayerReader::open(std::fs::File::open(&blob)?, None)
             .context("reading back the TOC")?

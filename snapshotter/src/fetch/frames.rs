@@ -346,7 +346,7 @@ impl FrameStore {
         base: u64,
         prio: Priority,
     ) -> Result<Bytes, FetchError> {
-        let start = usize::try_from(f.offset - base).unwrap_or(usize::MAX);
+        let start = usize::try_from(f.offset.saturating_sub(base)).unwrap_or(usize::MAX);
         let end = start.saturating_add(usize::try_from(f.clen).unwrap_or(usize::MAX));
         let Some(compressed) = blob.get(start..end) else {
             return Err(FetchError::Stopped(format!(

@@ -159,13 +159,15 @@ impl Filesystem for WeenvFs {
         }
         let l2 = self.st.store.l2();
         let complete = n.size > 0
-            && layer.file_frames(node).iter().all(|i| {
-                layer
-                    .toc
-                    .frames
-                    .get(i.0 as usize)
-                    .is_some_and(|f| l2.contains(&f.digest))
-            });
+            && self.st.passthrough.active()
+            && (self.st.passthrough.has_complete(&layer, node, n.size)
+                || layer.file_frames(node).iter().all(|i| {
+                    layer
+                        .toc
+                        .frames
+                        .get(i.0 as usize)
+                        .is_some_and(|f| l2.contains(&f.digest))
+                }));
         match self.st.passthrough.begin_open(ino.0, complete) {
             OpenMode::Cached => self.st.passthrough.reply_cached(reply),
             OpenMode::Passthrough => {

@@ -96,6 +96,12 @@ impl Passthrough {
         self.layer_dir(layer.digest.hex()).join(node.to_string())
     }
 
+    /// True if the complete copy of `node` (of `size` bytes) exists (e.g. from before a
+    /// restart, even if its frames were evicted from L2 since).
+    pub fn has_complete(&self, layer: &Layer, node: u32, size: u64) -> bool {
+        fs::metadata(self.complete_path(layer, node)).is_ok_and(|m| m.len() == size)
+    }
+
     /// The complete copy of file `node`, materialising it from L2 if every frame is there.
     /// `Ok(None)` if some frame is not on disk.
     pub fn materialise(
@@ -145,7 +151,7 @@ impl Passthrough {
                     .ok_or_else(|| std::io::Error::other("no frame"))?
                     .1;
                 let s = c.frame_offset as usize;
-                let e = s + c.len as usize;
+                let e = s.saturating_add(c.len as usize);
                 out.write_all(
                     data.get(s..e)
                         .ok_or_else(|| std::io::Error::other("chunk outside frame"))?,
