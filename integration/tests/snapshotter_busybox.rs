@@ -49,7 +49,7 @@ async fn setup(fill: bool) -> Result<Env> {
     let gz = format!("{host}/busybox:gz");
     images::push_oci_layout(&img, &gz)?;
     let weenv = format!("{host}/busybox:weenv");
-    convert(&client(&[host.clone()])?, &gz, &weenv).await?;
+    convert(&client(std::slice::from_ref(&host))?, &gz, &weenv).await?;
     let daemon = Daemon::start(
         &tmp.path().join("snap"),
         &DaemonOptions {

@@ -30,7 +30,7 @@ async fn tampered_frame_is_never_served() -> Result<()> {
     let gz = format!("{host}/busybox:gz");
     images::push_oci_layout(&images::busybox()?, &gz)?;
     let weenv = format!("{host}/busybox:weenv");
-    let rep = convert(&client(&[host.clone()])?, &gz, &weenv).await?;
+    let rep = convert(&client(std::slice::from_ref(&host))?, &gz, &weenv).await?;
     let layer = rep.manifests[0].layers[0].clone();
     let digest = layer.digest.clone();
     let hex = digest.trim_start_matches("sha256:");
