@@ -4,10 +4,15 @@
 //! composed (metadata only) into an image; containerd pulls and runs it; the evaluator runs the
 //! harness and the project's tests and writes a reward file. Then only harness:2 is published
 //! and the plan recomposed: the new environment runs harness:2, and the bytes pushed for the
-//! upgrade are the harness group's size plus a few KB of manifests/configs.
+//! upgrade are the harness group's size plus a few KB of manifests/configs. With the weenv
+//! snapshotter, the upgraded environment fetches nothing of the layers it shares with the
+//! old one (content is keyed by layer digest on the node).
 
 use anyhow::{ensure, Context, Result};
-use std::path::Path;
+mod snapshotter_common;
+
+use snapshotter_common::{Daemon, DaemonOptions};
+use std::path::{Path, PathBuf};
 use weenv_converter::group::{create_group, GroupReport, GroupSource, GroupSpec};
 use weenv_converter::mutate::{mutate_group, MutateSpec};
 use weenv_converter::plan::{compose_plan, parse_ref, publish_composed};
@@ -127,17 +132,19 @@ fn run_env(ctd: &Containerd, image: &str, id: &str, out: &Path) -> Result<()> {
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread")]
-#[ignore = "needs root, containerd, runc, docker-registry, skopeo, umoci, debootstrap (or host python3)"]
-async fn groups_compose_run_and_upgrade_harness() -> Result<()> {
-    require_root_and_bins(&[
-        "containerd",
-        "ctr",
-        "runc",
-        "docker-registry",
-        "skopeo",
-        "umoci",
-    ])?;
+/// Everything a test needs: registry behind a counting proxy, groups published.
+struct Published {
+    tmp: tempfile::TempDir,
+    _reg: LocalRegistry,
+    proxy: CountingProxy,
+    host: String,
+    client: Client,
+    scratch: PathBuf,
+    harness_spec: GroupSpec,
+}
+
+/// Publish base (converted Debian+python3), task, its pre-applied mutation, harness:1, eval.
+async fn publish_groups() -> Result<Published> {
     let tmp = tempfile::tempdir()?;
     let reg = LocalRegistry::start(tmp.path())?;
     let proxy = CountingProxy::start(reg.addr())?;
@@ -261,53 +268,92 @@ async fn groups_compose_run_and_upgrade_harness() -> Result<()> {
         &scratch,
     )
     .await?;
+    Ok(Published {
+        tmp,
+        _reg: reg,
+        proxy,
+        host,
+        client,
+        scratch,
+        harness_spec,
+    })
+}
 
-    let plan = |harness: &str| {
+impl Published {
+    fn plan(&self, harness: &str) -> String {
+        let host = &self.host;
         format!(
             "version = 1\ngroups = [\"{host}/weenv/base:1\", \"{host}/weenv/task-calc:1\", \"{host}/weenv/harness:{harness}\", \"{host}/weenv/eval:1\"]\n\
              [mutation]\nmode = \"pre-applied\"\ngroup = \"{host}/weenv/task-calc-1:1\"\n"
         )
-    };
-    let env1 = format!("{host}/weenv/env:calc-1-h1");
-    compose_publish(&client, &plan("1"), &env1).await?;
+    }
+
+    async fn publish_harness2(&self) -> Result<GroupReport> {
+        let h2 = self.tmp.path().join("h2");
+        harness_dir(&h2, 2)?;
+        dir_group(
+            &self.client,
+            &h2,
+            &self.harness_spec,
+            &format!("{}/weenv/harness:2", self.host),
+            &self.scratch,
+        )
+        .await
+    }
+}
+
+fn read(d: &Path, f: &str) -> String {
+    std::fs::read_to_string(d.join(f)).unwrap_or_default()
+}
+
+fn check_run(out: &Path, harness: u32) -> Result<()> {
+    ensure!(
+        read(out, "reward").trim() == "1",
+        "reward {:?}; tests: {}; harness: {}",
+        read(out, "reward"),
+        read(out, "tests.txt"),
+        read(out, "harness.txt")
+    );
+    ensure!(
+        read(out, "harness.txt").contains(&format!("harness v{harness}")),
+        "{}",
+        read(out, "harness.txt")
+    );
+    ensure!(
+        read(out, "tests.txt").contains("test_sub"),
+        "mutation missing: {}",
+        read(out, "tests.txt")
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs root, containerd, runc, docker-registry, skopeo, umoci, debootstrap (or host python3)"]
+async fn groups_compose_run_and_upgrade_harness() -> Result<()> {
+    require_root_and_bins(&[
+        "containerd",
+        "ctr",
+        "runc",
+        "docker-registry",
+        "skopeo",
+        "umoci",
+    ])?;
+    let p = publish_groups().await?;
+    let env1 = format!("{}/weenv/env:calc-1-h1", p.host);
+    compose_publish(&p.client, &p.plan("1"), &env1).await?;
 
     let ctd = Containerd::start(ContainerdOptions::default())?;
-    let out1 = tmp.path().join("out1");
+    let out1 = p.tmp.path().join("out1");
     run_env(&ctd, &env1, "groups-e2e-1", &out1)?;
-    let read = |d: &Path, f: &str| std::fs::read_to_string(d.join(f)).unwrap_or_default();
-    ensure!(
-        read(&out1, "reward").trim() == "1",
-        "reward {:?}; tests: {}; harness: {}",
-        read(&out1, "reward"),
-        read(&out1, "tests.txt"),
-        read(&out1, "harness.txt")
-    );
-    ensure!(
-        read(&out1, "harness.txt").contains("harness v1"),
-        "{}",
-        read(&out1, "harness.txt")
-    );
-    ensure!(
-        read(&out1, "tests.txt").contains("test_sub"),
-        "mutation missing: {}",
-        read(&out1, "tests.txt")
-    );
+    check_run(&out1, 1)?;
 
     // upgrade: publish harness:2 only, recompose, count what was pushed
-    proxy.stats().clear();
-    let h2 = tmp.path().join("h2");
-    harness_dir(&h2, 2)?;
-    let h2r = dir_group(
-        &client,
-        &h2,
-        &harness_spec,
-        &format!("{host}/weenv/harness:2"),
-        &scratch,
-    )
-    .await?;
-    let env2 = format!("{host}/weenv/env:calc-1-h2");
-    compose_publish(&client, &plan("2"), &env2).await?;
-    let pushed: u64 = proxy
+    p.proxy.stats().clear();
+    let h2r = p.publish_harness2().await?;
+    let env2 = format!("{}/weenv/env:calc-1-h2", p.host);
+    compose_publish(&p.client, &p.plan("2"), &env2).await?;
+    let pushed: u64 = p
+        .proxy
         .stats()
         .requests()
         .iter()
@@ -326,17 +372,102 @@ async fn groups_compose_run_and_upgrade_harness() -> Result<()> {
         "upgrade pushed {pushed} bytes, more than the harness group ({harness_group}) + 8 KiB of metadata"
     );
 
-    let out2 = tmp.path().join("out2");
+    let out2 = p.tmp.path().join("out2");
     run_env(&ctd, &env2, "groups-e2e-2", &out2)?;
-    ensure!(
-        read(&out2, "harness.txt").contains("harness v2"),
-        "{}",
-        read(&out2, "harness.txt")
+    check_run(&out2, 2)
+}
+
+/// With the weenv snapshotter, layers are shared by digest on the node: after running the
+/// harness:1 environment, the harness:2 environment fetches no byte of the base, task,
+/// mutation or evaluator layers, only (part of) the new harness layer.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs root, containerd, runc, fuse, docker-registry, skopeo, umoci, weenv-snapshotter"]
+async fn lazy_upgrade_fetches_only_the_new_harness() -> Result<()> {
+    require_root_and_bins(&[
+        "containerd",
+        "ctr",
+        "runc",
+        "docker-registry",
+        "skopeo",
+        "umoci",
+    ])?;
+    let p = publish_groups().await?;
+    let daemon = Daemon::start(
+        &p.tmp.path().join("snap"),
+        &DaemonOptions {
+            plain_http: vec![p.host.clone()],
+            fill: false,
+            fill_extra: String::new(),
+        },
+    )?;
+    let ctd = Containerd::start(ContainerdOptions {
+        proxy_snapshotter: Some(daemon.socket.clone()),
+        ..Default::default()
+    })?;
+    let lazy_run = |image: &str, id: &str, out: &Path| -> Result<()> {
+        std::fs::create_dir_all(out)?;
+        daemon.pull(ctd.address(), ctd.namespace(), image)?;
+        let mount = format!("type=bind,src={},dst=/out,options=rbind:rw", out.display());
+        ctd.ctr_ok(&[
+            "run",
+            "--rm",
+            "--snapshotter",
+            "weenv",
+            "--mount",
+            &mount,
+            image,
+            id,
+        ])
+        .with_context(|| format!("daemon log:\n{}", daemon.log()))?;
+        Ok(())
+    };
+    let env1 = format!("{}/weenv/env:calc-1-h1", p.host);
+    compose_publish(&p.client, &p.plan("1"), &env1).await?;
+    let out1 = p.tmp.path().join("out1");
+    lazy_run(&env1, "lazy-1", &out1)?;
+    check_run(&out1, 1)?;
+
+    let h2r = p.publish_harness2().await?;
+    let env2 = format!("{}/weenv/env:calc-1-h2", p.host);
+    let d2 = compose_publish(&p.client, &p.plan("2"), &env2).await?;
+    p.proxy.stats().clear();
+    let out2 = p.tmp.path().join("out2");
+    lazy_run(&env2, "lazy-2", &out2)?;
+    check_run(&out2, 2)?;
+
+    let harness_layer = h2r.layers[0].0.to_string();
+    let reqs = p.proxy.stats().requests();
+    let blob_gets: Vec<_> = reqs
+        .iter()
+        .filter(|r| r.method == "GET" && r.path.contains("/blobs/sha256:"))
+        .collect();
+    let fetched: u64 = blob_gets.iter().map(|r| r.response_bytes).sum();
+    let env2_manifest = p.client.get_manifest(&parse_ref(&env2)?).await?;
+    let m: weenv_format::group::Manifest =
+        weenv_format::group::Manifest::from_json(&env2_manifest.bytes)?;
+    ensure!(env2_manifest.digest.to_string() == d2);
+    let other_layers: Vec<String> = m
+        .layers
+        .iter()
+        .map(|l| l.digest.to_string())
+        .filter(|d| *d != harness_layer)
+        .collect();
+    let refetched: Vec<_> = blob_gets
+        .iter()
+        .filter(|r| other_layers.iter().any(|d| r.path.contains(d.as_str())))
+        .collect();
+    println!(
+        "harness:2 environment fetched {fetched} blob bytes in {} GETs (harness layer {} bytes)",
+        blob_gets.len(),
+        h2r.layers[0].1
     );
     ensure!(
-        read(&out2, "reward").trim() == "1",
-        "{}",
-        read(&out2, "tests.txt")
+        refetched.is_empty(),
+        "layers shared with harness:1 were fetched again: {refetched:#?}"
+    );
+    ensure!(
+        fetched <= h2r.layers[0].1 + 64 * 1024,
+        "fetched {fetched} bytes, more than the harness layer + config: {blob_gets:#?}"
     );
     Ok(())
 }
