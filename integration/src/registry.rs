@@ -32,8 +32,8 @@ impl LocalRegistry {
         Self::start_inner(tmp, false)
     }
 
-    /// Like [`LocalRegistry::start`], but serving HTTPS with a fresh self-signed certificate
-    /// for `127.0.0.1` (`root()/cert.pem`), made with the `openssl` CLI.
+    /// Like [`LocalRegistry::start`], but serving HTTPS for `127.0.0.1` with a certificate
+    /// from a fresh test CA ([`LocalRegistry::ca_cert`]), made with the `openssl` CLI.
     pub fn start_tls(tmp: &Path) -> Result<LocalRegistry> {
         Self::start_inner(tmp, true)
     }
@@ -49,35 +49,7 @@ impl LocalRegistry {
             root.join("data").display()
         );
         let config = if tls {
-            require_bins(&["openssl"])?;
-            let (cert, key) = (root.join("cert.pem"), root.join("key.pem"));
-            let st = Command::new("openssl")
-                .args([
-                    "req",
-                    "-x509",
-                    "-newkey",
-                    "ec",
-                    "-pkeyopt",
-                    "ec_paramgen_curve:prime256v1",
-                    "-nodes",
-                    "-days",
-                    "2",
-                ])
-                .args([
-                    "-subj",
-                    "/CN=127.0.0.1",
-                    "-addext",
-                    "subjectAltName=IP:127.0.0.1",
-                ])
-                .arg("-keyout")
-                .arg(&key)
-                .arg("-out")
-                .arg(&cert)
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status()
-                .context("running openssl req")?;
-            anyhow::ensure!(st.success(), "openssl req failed: {st}");
+            let (cert, key) = make_test_pki(&root)?;
             format!(
                 "{config}  tls:\n    certificate: {}\n    key: {}\n",
                 cert.display(),
@@ -122,8 +94,86 @@ impl LocalRegistry {
         self.addr.to_string()
     }
 
+    /// The test CA certificate (PEM) of a registry from [`LocalRegistry::start_tls`].
+    pub fn ca_cert(&self) -> Option<PathBuf> {
+        Some(self.root.join("ca.pem")).filter(|p| p.is_file())
+    }
+
     /// Directory holding config, data and log.
     pub fn root(&self) -> &Path {
         &self.root
     }
+}
+
+/// A test CA and a server certificate for 127.0.0.1 signed by it, under `dir`:
+/// `ca.pem`, `cert.pem`, `key.pem`. Returns (cert, key).
+fn make_test_pki(dir: &Path) -> Result<(PathBuf, PathBuf)> {
+    require_bins(&["openssl"])?;
+    let run = |args: &[&str]| -> Result<()> {
+        let out = Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .context("running openssl")?;
+        anyhow::ensure!(
+            out.status.success(),
+            "openssl {} failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(())
+    };
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+    ];
+    let mut ca = vec!["req", "-x509"];
+    ca.extend(ec);
+    ca.extend([
+        "-days",
+        "2",
+        "-subj",
+        "/CN=weenv test CA",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+    ]);
+    run(&ca)?;
+    let mut csr = vec!["req"];
+    csr.extend(ec);
+    csr.extend([
+        "-subj",
+        "/CN=127.0.0.1",
+        "-keyout",
+        "key.pem",
+        "-out",
+        "server.csr",
+    ]);
+    run(&csr)?;
+    std::fs::write(
+        dir.join("server.ext"),
+        "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsage=serverAuth\n",
+    )?;
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-days",
+        "2",
+        "-extfile",
+        "server.ext",
+        "-out",
+        "cert.pem",
+    ])?;
+    Ok((dir.join("cert.pem"), dir.join("key.pem")))
 }

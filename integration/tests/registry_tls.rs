@@ -1,6 +1,6 @@
-//! TLS is the default and is verified; a self-signed registry works only when the host is
-//! configured with `skip_verify` (directly or through a containerd `hosts.toml`), and plain
-//! HTTP is never tried unless configured.
+//! TLS is the default and is verified; a registry with a private CA works when the host is
+//! configured with that `ca` or with `skip_verify` (directly or through a containerd
+//! `hosts.toml`), and plain HTTP is never tried unless configured.
 #![allow(clippy::unwrap_used)]
 
 use weenv_integration::registry::LocalRegistry;
@@ -67,9 +67,59 @@ async fn tls_verified_by_default_skip_verify_per_host() {
         Bytes::from_static(b"tls")
     );
 
-    // the same through a containerd hosts.toml
+    // the test CA configured for the host: verified TLS works
+    let ca = reg.ca_cert().unwrap();
+    let trusted = Client::new(cfg(Some((
+        &host,
+        HostConfig {
+            ca: vec![ca.clone()],
+            ..HostConfig::default()
+        },
+    ))))
+    .unwrap();
+    assert_eq!(
+        trusted.get_blob(&r, &d).await.unwrap(),
+        Bytes::from(blob.clone())
+    );
+
+    // a ca path that is not PEM is a config error naming the file
+    let junk = tmp.path().join("junk.pem");
+    std::fs::write(&junk, "not pem").unwrap();
+    let err = Client::new(cfg(Some((
+        &host,
+        HostConfig {
+            ca: vec![junk],
+            ..HostConfig::default()
+        },
+    ))));
+    assert!(
+        matches!(
+            err,
+            Err(RegistryError::BadConfig { .. }) | Err(RegistryError::ConfigIo { .. })
+        ),
+        "{err:?}"
+    );
+
+    // the same through a containerd hosts.toml (relative ca path)
     let certs = tmp.path().join("certs.d");
     std::fs::create_dir_all(certs.join(&host)).unwrap();
+    std::fs::copy(&ca, certs.join(&host).join("ca.crt")).unwrap();
+    std::fs::write(
+        certs.join(&host).join("hosts.toml"),
+        format!("server = \"https://{host}\"\nca = \"ca.crt\"\n"),
+    )
+    .unwrap();
+    let via_hosts = Client::new(RegistryConfig {
+        hosts_dir: Some(certs.clone()),
+        ..cfg(None)
+    })
+    .unwrap();
+    assert_eq!(
+        via_hosts.head_blob(&r, &d).await.unwrap(),
+        Some(blob.len() as u64)
+    );
+
+    // and skip_verify through hosts.toml
     std::fs::write(
         certs.join(&host).join("hosts.toml"),
         format!("server = \"https://{host}\"\nskip_verify = true\n"),

@@ -13,6 +13,8 @@ use reqwest::header::{
     HeaderMap, HeaderName, HeaderValue, AUTHORIZATION, LOCATION, RETRY_AFTER, WWW_AUTHENTICATE,
 };
 use reqwest::{Method, Response, StatusCode, Url};
+use std::collections::{BTreeSet, HashMap};
+use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
@@ -32,8 +34,8 @@ pub struct Client {
 #[derive(Debug)]
 pub(crate) struct Inner {
     pub(crate) config: RegistryConfig,
-    http: reqwest::Client,
-    http_insecure: reqwest::Client,
+    /// One HTTP client per TLS setup (skip_verify, extra CA files) found in the config.
+    http: HashMap<TlsKey, reqwest::Client>,
     pub(crate) auth: Authenticator,
     pub(crate) stats: Stats,
     pub(crate) warned_full_range: AtomicBool,
@@ -85,6 +87,21 @@ impl Req {
     }
 }
 
+/// TLS settings that need their own HTTP client: (skip_verify, extra CA files).
+type TlsKey = (bool, Vec<PathBuf>);
+
+/// Every TLS setup the config can produce (plus the defaults).
+fn tls_keys(config: &RegistryConfig) -> BTreeSet<TlsKey> {
+    let mut keys = BTreeSet::from([(false, Vec::new()), (true, Vec::new())]);
+    for hc in config.hosts.values() {
+        keys.insert((hc.skip_verify, hc.ca.clone()));
+        for m in &hc.mirrors {
+            keys.insert((m.skip_verify, m.ca.clone()));
+        }
+    }
+    keys
+}
+
 fn host_of(url: &Url) -> String {
     match (url.host_str(), url.port()) {
         (Some(h), Some(p)) => format!("{h}:{p}"),
@@ -118,9 +135,30 @@ impl Client {
         source: CredentialSource,
     ) -> Result<Client, RegistryError> {
         config.validate()?;
-        let build = |insecure: bool| {
-            reqwest::Client::builder()
-                .redirect(reqwest::redirect::Policy::none())
+        let build = |(insecure, ca): &TlsKey| {
+            let mut b = reqwest::Client::builder();
+            for path in ca {
+                let pem = std::fs::read(path).map_err(|source| RegistryError::ConfigIo {
+                    path: path.display().to_string(),
+                    source,
+                })?;
+                let certs = reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| {
+                    RegistryError::BadConfig {
+                        field: format!("ca {}", path.display()),
+                        reason: format!("not a PEM certificate bundle: {e}"),
+                    }
+                })?;
+                if certs.is_empty() {
+                    return Err(RegistryError::BadConfig {
+                        field: format!("ca {}", path.display()),
+                        reason: "no PEM certificate in the file".into(),
+                    });
+                }
+                for c in certs {
+                    b = b.add_root_certificate(c);
+                }
+            }
+            b.redirect(reqwest::redirect::Policy::none())
                 .connect_timeout(Duration::from_millis(config.connect_timeout_ms))
                 .read_timeout(Duration::from_millis(config.read_timeout_ms))
                 .user_agent(
@@ -129,7 +167,7 @@ impl Client {
                         .clone()
                         .unwrap_or_else(|| format!("weenv/{}", env!("CARGO_PKG_VERSION"))),
                 )
-                .danger_accept_invalid_certs(insecure)
+                .danger_accept_invalid_certs(*insecure)
                 .build()
                 .map_err(|e| RegistryError::BadConfig {
                     field: "http client".into(),
@@ -138,8 +176,10 @@ impl Client {
         };
         Ok(Client {
             inner: Arc::new(Inner {
-                http: build(false)?,
-                http_insecure: build(true)?,
+                http: tls_keys(&config)
+                    .iter()
+                    .map(|k| Ok((k.clone(), build(k)?)))
+                    .collect::<Result<_, RegistryError>>()?,
                 auth: Authenticator::new(source),
                 stats: Stats::default(),
                 warned_full_range: AtomicBool::new(false),
@@ -162,12 +202,16 @@ impl Client {
         &self.inner.stats
     }
 
-    fn http(&self, ep: &Endpoint) -> &reqwest::Client {
-        if ep.skip_verify {
-            &self.inner.http_insecure
-        } else {
-            &self.inner.http
-        }
+    fn http(&self, ep: &Endpoint) -> Result<&reqwest::Client, RegistryError> {
+        let key = (ep.skip_verify, ep.ca.clone());
+        self.inner
+            .http
+            .get(&key)
+            .ok_or_else(|| RegistryError::BadConfig {
+                field: format!("endpoint {}", ep.api_root),
+                reason: "no HTTP client for its TLS settings (config changed after Client::new?)"
+                    .into(),
+            })
     }
 
     pub(crate) fn url_for(ep: &Endpoint, target: &Target) -> Result<Url, RegistryError> {
@@ -228,7 +272,7 @@ impl Client {
         ep: &Endpoint,
         req: &Req,
     ) -> Result<Response, RegistryError> {
-        let http = self.http(ep);
+        let http = self.http(ep)?;
         let url = Self::url_for(ep, &req.target)?;
         let policy = &self.inner.config.retry;
         let mut retry = 0u32;

@@ -46,6 +46,9 @@ pub struct MirrorConfig {
     /// Use the URL path as the API root instead of appending `/v2` (default false).
     #[serde(default)]
     pub override_path: bool,
+    /// Extra CA certificates (PEM files) trusted for this mirror, besides the built-in roots.
+    #[serde(default)]
+    pub ca: Vec<PathBuf>,
 }
 
 /// Settings of one registry host (keyed by the registry name as written in references,
@@ -63,6 +66,9 @@ pub struct HostConfig {
     /// Accept any TLS certificate from the origin (default false).
     #[serde(default)]
     pub skip_verify: bool,
+    /// Extra CA certificates (PEM files) trusted for the origin, besides the built-in roots.
+    #[serde(default)]
+    pub ca: Vec<PathBuf>,
     /// Mirrors tried in order before the origin (default none).
     #[serde(default)]
     pub mirrors: Vec<MirrorConfig>,
@@ -118,6 +124,8 @@ pub struct Endpoint {
     pub host: String,
     /// Accept invalid TLS certificates.
     pub skip_verify: bool,
+    /// Extra trusted CA certificate files.
+    pub ca: Vec<PathBuf>,
     /// A mirror (fall through to the next endpoint on 404/5xx/transport errors).
     pub is_mirror: bool,
     /// For mirrors: the registry being mirrored, sent as `?ns=<registry>` like containerd
@@ -236,6 +244,7 @@ impl RegistryConfig {
                     api_root: root,
                     host,
                     skip_verify: m.skip_verify,
+                    ca: m.ca.clone(),
                     is_mirror: true,
                     ns: Some(registry.to_string()),
                 });
@@ -261,6 +270,7 @@ impl RegistryConfig {
             api_root: root,
             host,
             skip_verify: hc.skip_verify,
+            ca: hc.ca.clone(),
             is_mirror: false,
             ns: None,
         });
@@ -283,6 +293,7 @@ struct HostsToml {
     capabilities: Option<Vec<Capability>>,
     skip_verify: Option<bool>,
     override_path: Option<bool>,
+    ca: Option<OneOrMany>,
     #[serde(default)]
     host: toml::Table,
 }
@@ -293,13 +304,32 @@ struct HostsTomlEntry {
     capabilities: Option<Vec<Capability>>,
     skip_verify: Option<bool>,
     override_path: Option<bool>,
+    ca: Option<OneOrMany>,
+}
+
+/// containerd accepts `ca = "a.pem"` and `ca = ["a.pem", "b.pem"]`.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum OneOrMany {
+    One(PathBuf),
+    Many(Vec<PathBuf>),
+}
+
+impl OneOrMany {
+    fn into_vec(self) -> Vec<PathBuf> {
+        match self {
+            OneOrMany::One(p) => vec![p],
+            OneOrMany::Many(v) => v,
+        }
+    }
 }
 
 /// Parse one containerd `hosts.toml` for registry `registry` into a [`HostConfig`].
-/// Supported keys: `server`, `capabilities`, `skip_verify`, `override_path` and
-/// `[host."URL"]` tables with `capabilities` (default all three), `skip_verify`,
-/// `override_path`, tried in file order. `ca`, `client` and `header` are rejected by name
-/// (custom CAs and client certificates are not supported yet).
+/// Supported keys: `server`, `capabilities`, `skip_verify`, `ca` and `[host."URL"]` tables
+/// with `capabilities` (default all three), `skip_verify`, `override_path`, `ca`, tried in
+/// file order. `client` and `header` are rejected by name (client certificates and extra
+/// headers are not supported). Relative `ca` paths are kept as written; [`load_hosts_dir`]
+/// resolves them against the host's directory.
 pub fn parse_hosts_toml(registry: &str, text: &str) -> Result<HostConfig, RegistryError> {
     let field = |f: &str| format!("hosts.toml of {registry}: {f}");
     let h: HostsToml = toml::from_str(text).map_err(|e| bad(field("syntax"), e.to_string()))?;
@@ -310,6 +340,7 @@ pub fn parse_hosts_toml(registry: &str, text: &str) -> Result<HostConfig, Regist
             .as_deref()
             .is_some_and(|s| s.starts_with("http://")),
         skip_verify: h.skip_verify.unwrap_or(false),
+        ca: h.ca.map(OneOrMany::into_vec).unwrap_or_default(),
         mirrors: Vec::new(),
     };
     if h.override_path.unwrap_or(false) {
@@ -337,6 +368,7 @@ pub fn parse_hosts_toml(registry: &str, text: &str) -> Result<HostConfig, Regist
                 .unwrap_or_else(|| vec![Capability::Pull, Capability::Resolve, Capability::Push]),
             skip_verify: e.skip_verify.unwrap_or(false),
             override_path: e.override_path.unwrap_or(false),
+            ca: e.ca.map(OneOrMany::into_vec).unwrap_or_default(),
         });
         api_root(&field(&format!("host.{url:?}")), &url, false)?;
     }
@@ -358,7 +390,19 @@ pub fn load_hosts_dir(dir: &Path) -> Result<BTreeMap<String, HostConfig>, Regist
         }
         let host = entry.file_name().to_string_lossy().into_owned();
         let text = std::fs::read_to_string(&file).map_err(|e| io(&file, e))?;
-        out.insert(host.clone(), parse_hosts_toml(&host, &text)?);
+        let mut hc = parse_hosts_toml(&host, &text)?;
+        let base = entry.path();
+        let abs = |p: &mut PathBuf| {
+            if p.is_relative() {
+                *p = base.join(&*p);
+            }
+        };
+        hc.ca.iter_mut().for_each(abs);
+        hc.mirrors
+            .iter_mut()
+            .flat_map(|m| m.ca.iter_mut())
+            .for_each(abs);
+        out.insert(host.clone(), hc);
     }
     Ok(out)
 }
@@ -500,9 +544,21 @@ mod tests {
         let hc = parse_hosts_toml("r:1", "server = \"http://r:1\"").unwrap();
         assert!(hc.plain_http);
         // unsupported keys fail by name
-        let err = parse_hosts_toml("r:1", "[host.\"https://m\"]\nca = \"/x.pem\"").unwrap_err();
+        let err = parse_hosts_toml("r:1", "[host.\"https://m\"]\nclient = \"/x.pem\"").unwrap_err();
         assert!(err.to_string().contains("host.\"https://m\""), "{err}");
-        assert!(parse_hosts_toml("r:1", "ca = \"/x.pem\"").is_err());
+        assert!(parse_hosts_toml("r:1", "client = \"/x.pem\"").is_err());
+        assert!(parse_hosts_toml("r:1", "[header]\nx = \"y\"").is_err());
+        // ca: one or many
+        let hc = parse_hosts_toml(
+            "r:1",
+            "ca = \"/a.pem\"\n[host.\"https://m\"]\nca = [\"b.pem\", \"/c.pem\"]",
+        )
+        .unwrap();
+        assert_eq!(hc.ca, [PathBuf::from("/a.pem")]);
+        assert_eq!(
+            hc.mirrors[0].ca,
+            [PathBuf::from("b.pem"), PathBuf::from("/c.pem")]
+        );
     }
 
     #[test]
@@ -511,7 +567,7 @@ mod tests {
         std::fs::create_dir_all(d.path().join("127.0.0.1:5000")).unwrap();
         std::fs::write(
             d.path().join("127.0.0.1:5000/hosts.toml"),
-            "server = \"http://127.0.0.1:5000\"\n[host.\"http://127.0.0.1:7000\"]\ncapabilities = [\"pull\"]\n",
+            "server = \"http://127.0.0.1:5000\"\n[host.\"http://127.0.0.1:7000\"]\ncapabilities = [\"pull\"]\nca = \"m.pem\"\n",
         )
         .unwrap();
         std::fs::create_dir_all(d.path().join("empty")).unwrap();
@@ -521,6 +577,11 @@ mod tests {
         let e = c.endpoints("127.0.0.1:5000", Capability::Pull).unwrap();
         assert_eq!(e[0].api_root, "http://127.0.0.1:7000/v2");
         assert_eq!(e[1].api_root, "http://127.0.0.1:5000/v2");
+        assert_eq!(
+            e[0].ca,
+            [d.path().join("127.0.0.1:5000/m.pem")],
+            "relative to the host dir"
+        );
         assert!(load_hosts_dir(&d.path().join("missing")).is_err());
     }
 }
