@@ -336,7 +336,10 @@ pub fn write_layer<R: Read, W: Write>(
     };
     // Headers are read 512 bytes at a time: buffer so unbuffered inputs (files, pipes) do not
     // cost a syscall per block.
-    walk(std::io::BufReader::with_capacity(256 << 10, input), &mut sink)?;
+    walk(
+        std::io::BufReader::with_capacity(256 << 10, input),
+        &mut sink,
+    )?;
     sink.flush_shared()?;
 
     let toc_offset = sink.out.written;
