@@ -4,8 +4,10 @@
 //!
 //! Endpoint selection is the pure function [`RegistryConfig::endpoints`]: for an operation
 //! needing a [`Capability`], the mirrors that have it, in configured order, then the origin.
-//! TLS is the default; plain HTTP is used only for a host configured with `plain_http = true`
-//! or an `http://` server/mirror URL (never a silent downgrade, not even for 127.0.0.1).
+//! TLS is the default (built-in web roots plus per-host `ca` files; `skip_verify` per host);
+//! plain HTTP is used only for a host configured with `plain_http = true` or an `http://`
+//! server/mirror URL (never a silent downgrade, not even for 127.0.0.1). Mirrors get
+//! containerd's `?ns=<registry>` query parameter.
 
 use crate::error::RegistryError;
 use crate::reference::{DOCKER_HUB, DOCKER_HUB_API};
