@@ -90,6 +90,41 @@ pub fn check_normal(path: &str) -> Result<(), FormatError> {
     Ok(())
 }
 
+/// Linux limits: symlink targets < PATH_MAX, xattr names <= XATTR_NAME_MAX, values <=
+/// XATTR_SIZE_MAX. Entries beyond them cannot be unpacked by containerd either.
+pub const MAX_SYMLINK_TARGET: usize = 4095;
+pub const MAX_XATTR_NAME: usize = 255;
+pub const MAX_XATTR_VALUE: usize = 65536;
+
+/// Check a symlink target (kept verbatim; may be absolute or contain `..`: it is resolved by
+/// the kernel inside the container's root, never by us).
+pub fn check_symlink_target(target: &str) -> Result<(), &'static str> {
+    if target.is_empty() {
+        return Err("symlink with an empty target");
+    }
+    if target.contains('\0') {
+        return Err("symlink target contains NUL");
+    }
+    if target.len() > MAX_SYMLINK_TARGET {
+        return Err("symlink target longer than 4095 bytes");
+    }
+    Ok(())
+}
+
+/// Check one extended attribute.
+pub fn check_xattr(name: &str, value: &[u8]) -> Result<(), &'static str> {
+    if name.is_empty() || name.contains('\0') {
+        return Err("xattr name empty or containing NUL");
+    }
+    if name.len() > MAX_XATTR_NAME {
+        return Err("xattr name longer than 255 bytes");
+    }
+    if value.len() > MAX_XATTR_VALUE {
+        return Err("xattr value larger than 64 KiB");
+    }
+    Ok(())
+}
+
 /// What [`Namespace::admit`] decided for an entry.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Admit {

@@ -280,9 +280,7 @@ impl Pax {
                 k if k.starts_with("GNU.sparse.") => self.sparse = true,
                 k => {
                     if let Some(name) = k.strip_prefix("SCHILY.xattr.") {
-                        if name.is_empty() {
-                            return Err(bad("empty xattr name"));
-                        }
+                        paths::check_xattr(name, value).map_err(bad)?;
                         self.xattrs.insert(name.to_string(), value.to_vec());
                     }
                 }
@@ -385,11 +383,8 @@ impl Pending {
                     path: lossy(e.as_bytes()),
                     reason: "symlink target is not UTF-8",
                 })?;
-                if target.is_empty() {
-                    return Err(FormatError::InvalidPath {
-                        path,
-                        reason: "symlink with an empty target",
-                    });
+                if let Err(reason) = paths::check_symlink_target(&target) {
+                    return Err(FormatError::InvalidPath { path, reason });
                 }
                 Some(target)
             }

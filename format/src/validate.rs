@@ -8,7 +8,7 @@
 //! on symlinks/hardlinks; `mode <= 0o7777`; `mtime_nsec < 1e9`.
 
 use crate::frame::{MAX_FRAME_CLEN, MAX_FRAME_ULEN};
-use crate::paths::{check_normal, Admit, Namespace};
+use crate::paths::{check_normal, check_symlink_target, check_xattr, Admit, Namespace};
 use crate::toc::{Entry, EntryKind, Toc};
 use crate::{FormatError, FORMAT_VERSION};
 
@@ -102,9 +102,14 @@ impl Toc {
         if e.mtime_nsec >= 1_000_000_000 {
             return Err(bad_entry(e, "mtime_nsec out of range"));
         }
+        for (name, value) in &e.xattrs {
+            check_xattr(name, value).map_err(|r| bad_entry(e, r))?;
+        }
         match (e.kind, &e.link) {
-            (EntryKind::Symlink, Some(l)) if !l.is_empty() => {}
-            (EntryKind::Symlink, _) => return Err(bad_entry(e, "symlink without a target")),
+            (EntryKind::Symlink, Some(l)) => {
+                check_symlink_target(l).map_err(|r| bad_entry(e, r))?
+            }
+            (EntryKind::Symlink, None) => return Err(bad_entry(e, "symlink without a target")),
             (EntryKind::Hardlink, Some(_)) => {}
             (EntryKind::Hardlink, None) => return Err(bad_entry(e, "hardlink without a target")),
             (_, Some(_)) => return Err(bad_entry(e, "link target on a non-link entry")),

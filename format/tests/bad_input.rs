@@ -377,6 +377,18 @@ fn other_tar_violations() {
     t.dir("a/b");
     t.dir("a");
     assert!(write_layer(&t.finish()[..], Vec::new(), &WriterOptions::default()).is_ok());
+    // xattr value over 64 KiB; symlink target with NUL (via PAX linkpath).
+    let mut t = TarBuilder::new();
+    t.pax(&[("SCHILY.xattr.user.big", &vec![1u8; 70_000])], false);
+    t.file("f", b"x");
+    assert!(matches!(writer(&t.finish()), FormatError::PaxRecord { .. }));
+    let mut t = TarBuilder::new();
+    t.pax(&[("linkpath", b"a\0b")], false);
+    t.link(b'2', "l", "x");
+    assert!(matches!(
+        writer(&t.finish()),
+        FormatError::InvalidPath { .. }
+    ));
     // Concatenated archives: a header right after a single zero block.
     let mut t = TarBuilder::new();
     t.file("a", b"x");
