@@ -452,6 +452,13 @@ mod tests {
     }
 
     #[test]
+    fn shipped_example_config_is_the_default() {
+        let text = include_str!("../../config/shim.toml");
+        let c = ShimConfig::from_toml(text, Path::new("config/shim.toml")).unwrap();
+        assert_eq!(c, ShimConfig::default());
+    }
+
+    #[test]
     fn sizes_parse() {
         assert_eq!(parse_bytes("64Mi"), Some(64 << 20));
         assert_eq!(parse_bytes("1Gi"), Some(1 << 30));
