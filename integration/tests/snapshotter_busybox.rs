@@ -240,6 +240,25 @@ async fn lazy_pull_run_writes_and_restart() -> Result<()> {
         e.proxy.stats().requests()
     );
     ensure!(e.daemon.log().contains("remounted=1"), "{}", e.daemon.log());
+
+    // Pulling again finds the layer present and updates the image record.
+    let rep = e.daemon.pull(e.ctd.address(), "lazy", &e.weenv)?;
+    ensure!(rep.contains("1 present"), "{rep}");
+    // Removing the image lets containerd's GC remove the snapshots; Cleanup releases the layer.
+    let o = e
+        .ctd
+        .ctr_ns("lazy", &["images", "rm", "--sync", &e.weenv])?;
+    ensure!(
+        o.status.success(),
+        "image rm: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let status = e.daemon.weenv(&["status"])?;
+    ensure!(
+        status.contains("layers: 0") && status.contains("(0 remote)"),
+        "after GC: {status}\n{}",
+        e.daemon.log()
+    );
     Ok(())
 }
 

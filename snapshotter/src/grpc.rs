@@ -246,7 +246,134 @@ pub async fn serve(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::FilterError;
+    use crate::store::{FilterError, MetaStore};
+    use containerd_client::services::v1::snapshots::snapshots_client::SnapshotsClient;
+    use containerd_client::services::v1::snapshots::*;
+
+    /// The real server on a unix socket, driven by containerd's (tonic 0.14) client: the codes
+    /// containerd sees.
+    #[tokio::test]
+    async fn serves_snapshots_api_over_unix_socket() {
+        let d = tempfile::tempdir().unwrap();
+        let store = Arc::new(MetaStore::open(&d.path().join("m.redb")).unwrap());
+        let svc = Arc::new(SnapshotService::new(store, d.path().join("s"), None).unwrap());
+        let sock = d.path().join("snap.sock");
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn({
+            let sock = sock.clone();
+            async move {
+                serve(svc, &sock, async {
+                    let _ = rx.await;
+                })
+                .await
+            }
+        });
+        let mut ch = None;
+        for _ in 0..100 {
+            if let Ok(c) = containerd_client::connect(&sock).await {
+                ch = Some(c);
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let mut c = SnapshotsClient::new(ch.unwrap());
+        let sn = || "weenv".to_string();
+        let m = c
+            .prepare(PrepareSnapshotRequest {
+                snapshotter: sn(),
+                key: "a".into(),
+                parent: String::new(),
+                labels: HashMap::new(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .mounts;
+        assert_eq!(
+            (m[0].r#type.as_str(), m[0].options.clone()),
+            ("bind", vec!["rw".to_string(), "rbind".to_string()])
+        );
+        let dup = c
+            .prepare(PrepareSnapshotRequest {
+                snapshotter: sn(),
+                key: "a".into(),
+                parent: String::new(),
+                labels: HashMap::new(),
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(dup.code(), containerd_client::tonic::Code::AlreadyExists);
+        c.commit(CommitSnapshotRequest {
+            snapshotter: sn(),
+            name: "c".into(),
+            key: "a".into(),
+            labels: HashMap::new(),
+        })
+        .await
+        .unwrap();
+        let info = c
+            .stat(StatSnapshotRequest {
+                snapshotter: sn(),
+                key: "c".into(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .info
+            .unwrap();
+        assert_eq!((info.name.as_str(), info.kind), ("c", 3)); // Kind::Committed = 3
+        c.view(ViewSnapshotRequest {
+            snapshotter: sn(),
+            key: "v".into(),
+            parent: "c".into(),
+            labels: HashMap::new(),
+        })
+        .await
+        .unwrap();
+        let e = c
+            .remove(RemoveSnapshotRequest {
+                snapshotter: sn(),
+                key: "c".into(),
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), containerd_client::tonic::Code::FailedPrecondition);
+        let e = c
+            .stat(StatSnapshotRequest {
+                snapshotter: sn(),
+                key: "nope".into(),
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), containerd_client::tonic::Code::NotFound);
+        let mut w = c
+            .list(ListSnapshotsRequest {
+                snapshotter: sn(),
+                filters: vec!["parent==c".into()],
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let mut names = Vec::new();
+        while let Some(r) = w.message().await.unwrap() {
+            names.extend(r.info.into_iter().map(|i| i.name));
+        }
+        assert_eq!(names, vec!["v".to_string()]);
+        let u = c
+            .usage(UsageRequest {
+                snapshotter: sn(),
+                key: "c".into(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(u.inodes >= 1);
+        c.cleanup(CleanupRequest { snapshotter: sn() })
+            .await
+            .unwrap();
+        let _ = tx.send(());
+        server.await.unwrap().unwrap();
+    }
 
     #[test]
     fn error_codes() {

@@ -233,6 +233,12 @@ impl SnapshotService {
             Ok(_) | Err(StoreError::NotFound(_)) => {}
             Err(e) => return Err(e.into()),
         }
+        if let Some(md) = labels.get(crate::pull::LABEL_CRI_MANIFEST_DIGEST) {
+            // Resolved references: which manifest this reference named when it was pulled.
+            if let Err(e) = self.store.put_ref(&req.reference, md) {
+                warn!(reference = %req.reference, error = %e, "cannot record resolved reference");
+            }
+        }
         let Some(m) = layers
             .mount(req)
             .await
