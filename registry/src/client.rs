@@ -8,16 +8,15 @@ use crate::config::{Capability, Endpoint, RegistryConfig};
 use crate::error::RegistryError;
 use crate::retry::{next_delay, parse_retry_after, random_jitter, Outcome};
 use crate::stats::{Kind, Stats, StatsSnapshot};
+use crate::tls::{build_http, tls_keys, TlsKey};
 use bytes::Bytes;
 use reqwest::header::{
     HeaderMap, HeaderName, HeaderValue, AUTHORIZATION, LOCATION, RETRY_AFTER, WWW_AUTHENTICATE,
 };
 use reqwest::{Method, Response, StatusCode, Url};
-use std::collections::{BTreeSet, HashMap};
-use std::path::PathBuf;
+use std::collections::HashMap;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
-use std::time::Duration;
 
 /// Most redirects followed for one request.
 const MAX_REDIRECTS: usize = 10;
@@ -87,21 +86,6 @@ impl Req {
     }
 }
 
-/// TLS settings that need their own HTTP client: (skip_verify, extra CA files).
-type TlsKey = (bool, Vec<PathBuf>);
-
-/// Every TLS setup the config can produce (plus the defaults).
-fn tls_keys(config: &RegistryConfig) -> BTreeSet<TlsKey> {
-    let mut keys = BTreeSet::from([(false, Vec::new()), (true, Vec::new())]);
-    for hc in config.hosts.values() {
-        keys.insert((hc.skip_verify, hc.ca.clone()));
-        for m in &hc.mirrors {
-            keys.insert((m.skip_verify, m.ca.clone()));
-        }
-    }
-    keys
-}
-
 fn host_of(url: &Url) -> String {
     match (url.host_str(), url.port()) {
         (Some(h), Some(p)) => format!("{h}:{p}"),
@@ -135,50 +119,16 @@ impl Client {
         source: CredentialSource,
     ) -> Result<Client, RegistryError> {
         config.validate()?;
-        let build = |(insecure, ca): &TlsKey| {
-            let mut b = reqwest::Client::builder();
-            for path in ca {
-                let pem = std::fs::read(path).map_err(|source| RegistryError::ConfigIo {
-                    path: path.display().to_string(),
-                    source,
-                })?;
-                let certs = reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| {
-                    RegistryError::BadConfig {
-                        field: format!("ca {}", path.display()),
-                        reason: format!("not a PEM certificate bundle: {e}"),
-                    }
-                })?;
-                if certs.is_empty() {
-                    return Err(RegistryError::BadConfig {
-                        field: format!("ca {}", path.display()),
-                        reason: "no PEM certificate in the file".into(),
-                    });
-                }
-                for c in certs {
-                    b = b.add_root_certificate(c);
-                }
-            }
-            b.redirect(reqwest::redirect::Policy::none())
-                .connect_timeout(Duration::from_millis(config.connect_timeout_ms))
-                .read_timeout(Duration::from_millis(config.read_timeout_ms))
-                .user_agent(
-                    config
-                        .user_agent
-                        .clone()
-                        .unwrap_or_else(|| format!("weenv/{}", env!("CARGO_PKG_VERSION"))),
-                )
-                .danger_accept_invalid_certs(*insecure)
-                .build()
-                .map_err(|e| RegistryError::BadConfig {
-                    field: "http client".into(),
-                    reason: e.to_string(),
-                })
+        let system = if config.system_roots {
+            crate::tls::system_roots()
+        } else {
+            Vec::new()
         };
         Ok(Client {
             inner: Arc::new(Inner {
                 http: tls_keys(&config)
                     .iter()
-                    .map(|k| Ok((k.clone(), build(k)?)))
+                    .map(|k| Ok((k.clone(), build_http(&config, k, &system)?)))
                     .collect::<Result<_, RegistryError>>()?,
                 auth: Authenticator::new(source),
                 stats: Stats::default(),

@@ -89,6 +89,9 @@ pub struct RegistryConfig {
     pub hosts_dir: Option<PathBuf>,
     /// Read credentials from docker's `config.json` (default true).
     pub docker_credentials: bool,
+    /// Trust the OS CA bundle (`/etc/ssl/certs/ca-certificates.crt`, ...) in addition to the
+    /// built-in web roots, as containerd does (default true).
+    pub system_roots: bool,
     /// Directory containing `config.json` (default `$DOCKER_CONFIG`, else `~/.docker`).
     pub docker_config_dir: Option<PathBuf>,
     /// Retry/backoff settings.
@@ -108,6 +111,7 @@ impl Default for RegistryConfig {
             hosts: BTreeMap::new(),
             hosts_dir: None,
             docker_credentials: true,
+            system_roots: true,
             docker_config_dir: None,
             retry: RetryPolicy::default(),
             connect_timeout_ms: 10_000,

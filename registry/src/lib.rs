@@ -32,6 +32,7 @@ pub mod range_reader;
 pub mod reference;
 pub mod retry;
 pub mod stats;
+mod tls;
 
 pub use auth::{Credential, CredentialSource};
 pub use blob::{parse_content_range, range_header};
