@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use thiserror::Error;
 use weenv_format::group::{
     build_group, BuiltGroup, ConfigFragment, Descriptor, GroupConfig, GroupKind, Platform,
-    GROUP_CONFIG_VERSION, MEDIA_TYPE_OCI_MANIFEST,
+    GROUP_CONFIG_VERSION, MEDIA_TYPE_GROUP_CONFIG, MEDIA_TYPE_OCI_MANIFEST,
 };
 use weenv_format::plan::merge_env;
 use weenv_format::reader::TocHint;
@@ -281,6 +281,34 @@ fn image_fragment(cfg: &serde_json::Value) -> ConfigFragment {
     }
 }
 
+/// diff_ids, config fragment and platform of a `--from` source: an image config, or the
+/// config of a layer group (so groups can be cut from groups).
+fn source_config(
+    media_type: &str,
+    bytes: &[u8],
+    host: &Platform,
+) -> Result<(Vec<Digest>, ConfigFragment, Platform), String> {
+    if media_type == MEDIA_TYPE_GROUP_CONFIG {
+        let g = GroupConfig::from_json(bytes).map_err(|e| e.to_string())?;
+        return Ok((g.diff_ids, g.config, g.platform));
+    }
+    let cfg: serde_json::Value =
+        serde_json::from_slice(bytes).map_err(|e| format!("not JSON: {e}"))?;
+    let diff_ids: Vec<Digest> = cfg["rootfs"]["diff_ids"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|d| d.as_str()?.parse().ok()).collect())
+        .unwrap_or_default();
+    let platform = Platform {
+        os: cfg["os"].as_str().unwrap_or("linux").to_string(),
+        architecture: cfg["architecture"]
+            .as_str()
+            .unwrap_or(&host.architecture)
+            .to_string(),
+        variant: cfg["variant"].as_str().map(str::to_string),
+    };
+    Ok((diff_ids, image_fragment(&cfg), platform))
+}
+
 async fn prepare_image_layers(
     client: &Client,
     reference: &str,
@@ -312,12 +340,8 @@ async fn prepare_image_layers(
         .get_blob(&r, &m.config.digest)
         .await
         .map_err(reg_err(format!("fetching the config of {reference}")))?;
-    let cfg: serde_json::Value =
-        serde_json::from_slice(&cfg_bytes).map_err(|e| bad(format!("config is not JSON: {e}")))?;
-    let diff_ids: Vec<Digest> = cfg["rootfs"]["diff_ids"]
-        .as_array()
-        .map(|a| a.iter().filter_map(|d| d.as_str()?.parse().ok()).collect())
-        .unwrap_or_default();
+    let (diff_ids, fragment, platform) = source_config(&m.config.media_type, &cfg_bytes, &host)
+        .map_err(|reason| bad(format!("config {}: {reason}", m.config.digest)))?;
     if diff_ids.len() != m.layers.len() {
         return Err(bad(format!(
             "{} diff_ids for {} layers",
@@ -325,14 +349,6 @@ async fn prepare_image_layers(
             m.layers.len()
         )));
     }
-    let platform = Platform {
-        os: cfg["os"].as_str().unwrap_or("linux").to_string(),
-        architecture: cfg["architecture"]
-            .as_str()
-            .unwrap_or(&host.architecture)
-            .to_string(),
-        variant: cfg["variant"].as_str().map(str::to_string),
-    };
     let mut out = Vec::new();
     for i in range.clone() {
         let l = &m.layers[i];
@@ -380,7 +396,7 @@ async fn prepare_image_layers(
         }
         out.push(prepared_from_file(path, &s));
     }
-    Ok((out, image_fragment(&cfg), platform))
+    Ok((out, fragment, platform))
 }
 
 /// Build, convert and publish a group under `target`.
@@ -610,6 +626,27 @@ mod tests {
         assert_eq!(m.workdir.as_deref(), Some("/w"));
         let cfg = serde_json::json!({"config": {"Env": ["X=1"], "WorkingDir": "", "Cmd": ["a"]}});
         let f = image_fragment(&cfg);
+        let g = GroupConfig {
+            version: 1,
+            kind: GroupKind::Task,
+            name: "t".into(),
+            platform: Platform::host(),
+            config: ConfigFragment {
+                workdir: Some("/w".into()),
+                ..Default::default()
+            },
+            diff_ids: vec![Digest::sha256(b"x")],
+        };
+        let (d, fr, _) =
+            source_config(MEDIA_TYPE_GROUP_CONFIG, &g.to_json(), &Platform::host()).unwrap();
+        assert_eq!((d.len(), fr.workdir.as_deref()), (1, Some("/w")));
+        let (d, _, p) = source_config(
+            "application/vnd.oci.image.config.v1+json",
+            br#"{"architecture":"arm64","os":"linux","rootfs":{"diff_ids":[]}}"#,
+            &Platform::host(),
+        )
+        .unwrap();
+        assert_eq!((d.len(), p.architecture.as_str()), (0, "arm64"));
         assert_eq!(
             (f.env.len(), f.workdir, f.cmd),
             (1, None, Some(vec!["a".to_string()]))

@@ -93,10 +93,20 @@ async fn setup(lazy: bool) -> Result<Env> {
         fragment: ConfigFragment::default(),
         platform: None,
     };
-    create_group(
+    // The base group reuses the layers of an already converted weenv image: mounted across
+    // repositories, not re-uploaded (groups sharing layers share blobs).
+    weenv_converter::convert_image(
+        &client,
+        &weenv_converter::ImageLocation::parse(&format!("{host}/src/busybox:1"))?,
+        &weenv_converter::ImageLocation::parse(&format!("{host}/src/busybox-weenv:1"))?,
+        &weenv_converter::ConvertOptions::default(),
+        std::sync::Arc::new(weenv_converter::NoProgress),
+    )
+    .await?;
+    let base = create_group(
         &client,
         &GroupSource::Image {
-            reference: format!("{host}/src/busybox:1"),
+            reference: format!("{host}/src/busybox-weenv:1"),
             layers: 0..1,
         },
         &spec(GroupKind::Base, "busybox"),
@@ -105,6 +115,18 @@ async fn setup(lazy: bool) -> Result<Env> {
         &WriterOptions::default(),
     )
     .await?;
+    ensure!(
+        base.layers
+            .iter()
+            .all(|l| l.2 == weenv_registry::BlobPush::Mounted),
+        "{:?}",
+        base.layers
+    );
+    ensure!(
+        base.bytes_uploaded < 4096,
+        "uploaded {}",
+        base.bytes_uploaded
+    );
     let repo = tmp.path().join("repo");
     let w = |rel: &str, c: &str| -> Result<()> {
         let p = repo.join("src/repo").join(rel);
@@ -123,6 +145,29 @@ async fn setup(lazy: bool) -> Result<Env> {
         &WriterOptions::default(),
     )
     .await?;
+    // a group cut from a group: same layers, nothing uploaded but its config and manifest
+    let copy = create_group(
+        &client,
+        &GroupSource::Image {
+            reference: format!("{host}/weenv/repo:1"),
+            layers: 0..1,
+        },
+        &spec(GroupKind::Task, "repo-copy"),
+        &parse_ref(&format!("{host}/weenv/repo-copy:1"))?,
+        &scratch,
+        &WriterOptions::default(),
+    )
+    .await?;
+    ensure!(
+        copy.layers[0].2 == weenv_registry::BlobPush::Mounted,
+        "{:?}",
+        copy.layers
+    );
+    ensure!(
+        copy.bytes_uploaded < 4096,
+        "uploaded {}",
+        copy.bytes_uploaded
+    );
     let daemon = if lazy {
         Some(Daemon::start(
             &tmp.path().join("snap"),
@@ -216,8 +261,8 @@ async fn scenario(lazy: bool) -> Result<()> {
     .await?;
     ensure!(rep.exit_code == 0, "exit {}", rep.exit_code);
     println!(
-        "{snap}: compose {:.1} ms, pull {:.1} ms, mutation {:.1} ms",
-        rep.compose_ms, rep.pull_ms, rep.mutation_ms
+        "{snap}: compose {:.1} ms, pull {:.1} ms, mutation {:.1} ms (apply {:.2} ms)",
+        rep.compose_ms, rep.pull_ms, rep.mutation_ms, rep.mutation_apply_ms
     );
     let tree_init = std::fs::read_to_string(out_init.join("tree"))?;
 

@@ -213,8 +213,13 @@ pub async fn run(cli: Cli) -> Result<()> {
             };
             let rep = crate::run::run_plan(&registry, &o).await?;
             eprintln!(
-                "weenv run: {} compose {:.1} ms, pull {:.1} ms, mutation {:.1} ms, exit {}",
-                rep.manifest_digest, rep.compose_ms, rep.pull_ms, rep.mutation_ms, rep.exit_code
+                "weenv run: {} compose {:.1} ms, pull {:.1} ms, mutation {:.1} ms (apply {:.2} ms), exit {}",
+                rep.manifest_digest,
+                rep.compose_ms,
+                rep.pull_ms,
+                rep.mutation_ms,
+                rep.mutation_apply_ms,
+                rep.exit_code
             );
             if rep.exit_code != 0 {
                 bail!("task exited with status {}", rep.exit_code);

@@ -91,7 +91,10 @@ pub struct RunReport {
     pub manifest_digest: String,
     pub compose_ms: f64,
     pub pull_ms: f64,
+    /// Whole at-init mutation step (mounts query, mount, apply, umount).
     pub mutation_ms: f64,
+    /// The patch/checkout application alone.
+    pub mutation_apply_ms: f64,
     pub exit_code: i32,
 }
 
@@ -229,7 +232,7 @@ async fn mutate_container(
     id: &str,
     m: &Mutation,
     patch: Option<&[u8]>,
-) -> Result<(), RunError> {
+) -> Result<f64, RunError> {
     let dir = tempfile::tempdir().map_err(|source| RunError::Read {
         path: std::env::temp_dir(),
         source,
@@ -237,10 +240,12 @@ async fn mutate_container(
     for args in snapshot_mounts(ch, o, id, dir.path()).await? {
         run_cmd(Command::new("mount").args(&args))?;
     }
+    let t = Instant::now();
     let res = apply_mutation_to_dir(dir.path(), m, patch);
+    let apply_ms = t.elapsed().as_secs_f64() * 1e3;
     let um = run_cmd(Command::new("umount").arg(dir.path()));
     match res {
-        Ok(_) => um.map(|_| ()),
+        Ok(_) => um.map(|_| apply_ms),
         Err(source) => Err(RunError::Mutation {
             id: id.to_string(),
             source: Box::new(source),
@@ -267,6 +272,7 @@ pub async fn run_plan(client: &Client, o: &RunOptions) -> Result<RunReport, RunE
         tracing::warn!(error = %e, "could not save the resolution cache");
     }
     publish_composed(client, &groups, &composed, &parse_ref(&o.image)?).await?;
+    tracing::debug!(digest = %composed.manifest_digest, "composed and published");
     report.compose_ms = t.elapsed().as_secs_f64() * 1e3;
     report.manifest_digest = composed.manifest_digest.to_string();
 
@@ -303,9 +309,12 @@ pub async fn run_plan(client: &Client, o: &RunOptions) -> Result<RunReport, RunE
     run_cmd(Command::new("ctr").args(create_args(o, &pulled.image, &id)))?;
     if let Some(m) = plan.init_mutation() {
         let t = Instant::now();
-        if let Err(e) = mutate_container(ch, o, &id, m, patch.as_deref()).await {
-            let _ = run_cmd(ctr(o).args(["containers", "rm", &id]));
-            return Err(e);
+        match mutate_container(ch, o, &id, m, patch.as_deref()).await {
+            Ok(apply_ms) => report.mutation_apply_ms = apply_ms,
+            Err(e) => {
+                let _ = run_cmd(ctr(o).args(["containers", "rm", &id]));
+                return Err(e);
+            }
         }
         report.mutation_ms = t.elapsed().as_secs_f64() * 1e3;
     }
