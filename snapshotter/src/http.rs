@@ -133,14 +133,27 @@ pub async fn serve(addr: ListenAddr, obs: Arc<dyn Observable>) -> Result<(), Htt
 pub async fn get(addr: &ListenAddr, path: &str) -> std::io::Result<String> {
     let req = format!("GET {path} HTTP/1.1\r\nHost: weenv\r\nConnection: close\r\n\r\n");
     let mut out = Vec::new();
+    let unreachable = |e: std::io::Error| {
+        std::io::Error::new(
+            e.kind(),
+            format!(
+                "cannot reach the weenv-snapshotter endpoint {addr:?}: {e} \
+                 (is the daemon running, and is this its observability.listen?)"
+            ),
+        )
+    };
     match addr {
         ListenAddr::Tcp(a) => {
-            let mut s = tokio::net::TcpStream::connect(a).await?;
+            let mut s = tokio::net::TcpStream::connect(a)
+                .await
+                .map_err(unreachable)?;
             s.write_all(req.as_bytes()).await?;
             s.read_to_end(&mut out).await?;
         }
         ListenAddr::Unix(p) => {
-            let mut s = tokio::net::UnixStream::connect(p).await?;
+            let mut s = tokio::net::UnixStream::connect(p)
+                .await
+                .map_err(unreachable)?;
             s.write_all(req.as_bytes()).await?;
             s.read_to_end(&mut out).await?;
         }
