@@ -544,3 +544,52 @@ async fn weenv_layer_toc_costs_one_head_and_one_range_get() {
     );
     assert!(st.requests()[1].range.is_some() && st.requests()[2].range.is_some());
 }
+
+/// Numbers for the report (no timed asserts): sequential and concurrent range GETs straight
+/// to the local registry. Run with `--nocapture` to see them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs docker-registry"]
+async fn range_get_cost() {
+    let tmp = tempfile::tempdir().unwrap();
+    let reg = LocalRegistry::start(tmp.path()).unwrap();
+    let client = Client::new(plain_http(&[reg.host()])).unwrap();
+    let r: Reference = format!("{}/bench/blob:1", reg.host()).parse().unwrap();
+    let blob = data(8 << 20, 9);
+    let d = Digest::sha256(&blob);
+    client
+        .push_blob(&r, &d, Bytes::from(blob.clone()))
+        .await
+        .unwrap();
+    let n = 500u64;
+    let t = std::time::Instant::now();
+    for i in 0..n {
+        let off = (i * 16_411) % (blob.len() as u64 - 4096);
+        let got = client.get_blob_range(&r, &d, off, 4096).await.unwrap();
+        assert_eq!(&got[..], &blob[off as usize..off as usize + 4096]);
+    }
+    let seq = t.elapsed();
+    let t = std::time::Instant::now();
+    let mut tasks = Vec::new();
+    for i in 0..128u64 {
+        let (c, r, d) = (client.clone(), r.clone(), d.clone());
+        tasks.push(tokio::spawn(async move {
+            c.get_blob_range(&r, &d, i * 65_536, 65_536)
+                .await
+                .unwrap()
+                .len()
+        }));
+    }
+    let mut total = 0;
+    for t in tasks {
+        total += t.await.unwrap();
+    }
+    let conc = t.elapsed();
+    assert_eq!(total, 128 * 65_536);
+    println!(
+        "range GET 4 KiB sequential: {:.0} us/request over {n}; 128 concurrent 64 KiB GETs: {:.1} ms ({:.0} MB/s)",
+        seq.as_secs_f64() * 1e6 / n as f64,
+        conc.as_secs_f64() * 1e3,
+        total as f64 / conc.as_secs_f64() / 1e6
+    );
+    assert_eq!(client.stats().retries, 0);
+}
