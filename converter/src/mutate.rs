@@ -683,6 +683,23 @@ diff --git a/link b/link
     }
 
     #[test]
+    fn checkout_without_git_in_the_image_fails_before_patching() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(d.path().join("src/repo")).unwrap();
+        std::fs::write(d.path().join("src/repo/calc.py"), "x\n").unwrap();
+        let mut m = mutation(1);
+        m.checkout = Some("abc123".into());
+        let p = "--- a/calc.py\n+++ b/calc.py\n@@ -1 +1 @@\n-x\n+y\n";
+        let e = apply_mutation_to_dir(d.path(), &m, Some(p.as_bytes())).unwrap_err();
+        assert!(matches!(e, MutateError::Checkout { .. }), "{e}");
+        assert!(e.to_string().contains("must contain git"), "{e}");
+        assert_eq!(
+            std::fs::read(d.path().join("src/repo/calc.py")).unwrap(),
+            b"x\n"
+        );
+    }
+
+    #[test]
     fn root_resolution_stays_inside_rootfs() {
         let d = tempfile::tempdir().unwrap();
         let r = d.path();

@@ -399,7 +399,15 @@ proptest! {
         prop_assert_eq!(t.files["f"].data.clone(), format!("{prefix}{b}").into_bytes());
     }
 
-    /// Parsing never panics on arbitrary input.
+    /// Parsing and applying never panic on arbitrary bytes.
+    #[test]
+    fn arbitrary_bytes_never_panic(b in prop::collection::vec(any::<u8>(), 0..400)) {
+        if let Ok(p) = parse_patch(&b, 1) {
+            let _ = apply(&p, &mut MemTree::default());
+        }
+    }
+
+    /// Parsing never panics on diff-like input.
     #[test]
     fn parse_never_panics(s in "(diff --git a/x b/x\n|--- a/x\n|\\+\\+\\+ b/x\n|@@ -1,2 \\+1 @@\n| x\n|-y\n|\\+z\n|\\\\ No newline\n|new file mode 100644\n){0,12}") {
         let _ = parse_patch(s.as_bytes(), 1);
