@@ -329,7 +329,8 @@ impl Client {
         let url = resp.url().to_string();
         let end = offset + len;
         let mut pos: u64 = 0;
-        let mut out = Vec::with_capacity(len as usize);
+        // bounded preallocation: `len` and Content-Length come from callers/servers
+        let mut out = Vec::with_capacity(len.min(crate::client::MAX_PREALLOC) as usize);
         while pos < end {
             let Some(chunk) = resp
                 .chunk()

@@ -20,6 +20,8 @@ use std::sync::Arc;
 
 /// Most redirects followed for one request.
 const MAX_REDIRECTS: usize = 10;
+/// Largest buffer reserved up front from a server-sent or caller-sent length (more grows).
+pub(crate) const MAX_PREALLOC: u64 = 64 << 20;
 /// Most bytes of an error body quoted in an error message.
 const ERROR_BODY_QUOTE: usize = 512;
 
@@ -390,7 +392,8 @@ impl Client {
                 });
             }
         }
-        let mut buf = Vec::with_capacity(resp.content_length().unwrap_or(0) as usize);
+        let mut buf =
+            Vec::with_capacity(resp.content_length().unwrap_or(0).min(MAX_PREALLOC) as usize);
         while let Some(chunk) = resp
             .chunk()
             .await
