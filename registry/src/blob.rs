@@ -327,7 +327,7 @@ impl Client {
         len: u64,
     ) -> Result<Bytes, RegistryError> {
         let url = resp.url().to_string();
-        let end = offset + len;
+        let end = offset.saturating_add(len);
         let mut pos: u64 = 0;
         // bounded preallocation: `len` and Content-Length come from callers/servers
         let mut out = Vec::with_capacity(len.min(crate::client::MAX_PREALLOC) as usize);
