@@ -228,11 +228,18 @@ impl SnapshotService {
         parent: &str,
         labels: &HashMap<String, String>,
     ) -> Result<bool, SnapshotError> {
-        match self.store.get(&req.target) {
-            Ok(rec) if rec.kind == Kind::Committed => return Ok(true),
-            Ok(_) | Err(StoreError::NotFound(_)) => {}
-            Err(e) => return Err(e.into()),
+        // containerd looks the snapshot up by (snapshot.ref label, parent) with Walk, so a
+        // committed one with both is the answer; its name does not matter.
+        let recs = self.store.list()?;
+        let hit = |r: &&SnapshotRecord| {
+            r.kind == Kind::Committed
+                && r.parent == parent
+                && r.labels.get(LABEL_TARGET) == Some(&req.target)
+        };
+        if recs.iter().any(|r| hit(&r)) {
+            return Ok(true);
         }
+        let name = remote_snapshot_name(&req.target, parent, |k| recs.iter().any(|r| r.key == k));
         if let Some(md) = labels.get(crate::pull::LABEL_CRI_MANIFEST_DIGEST) {
             // Resolved references: which manifest this reference named when it was pulled.
             if let Err(e) = self.store.put_ref(&req.reference, md) {
@@ -253,7 +260,7 @@ impl SnapshotService {
         l.insert(LABEL_TARGET.into(), req.target.clone());
         l.insert(LABEL_WEENV_LAYER.into(), req.digest.to_string());
         let res = self.store.create(NewSnapshot {
-            key: req.target.clone(),
+            key: name,
             parent: parent.to_string(),
             kind: Kind::Committed,
             labels: l,
@@ -389,6 +396,17 @@ impl SnapshotService {
         }
         Ok(())
     }
+}
+
+/// Backend name of a remote snapshot: the target chain id, or (when that name is taken by a
+/// snapshot with another parent, e.g. a chain whose lower part was unpacked the ordinary way in
+/// another namespace) the target suffixed with a hash of the parent. Pure.
+pub fn remote_snapshot_name(target: &str, parent: &str, taken: impl Fn(&str) -> bool) -> String {
+    if !taken(target) {
+        return target.to_string();
+    }
+    let h = Digest::sha256(parent.as_bytes());
+    format!("{target}@{}", &h.hex()[..16])
 }
 
 /// Disk usage like containerd's `fs.DiskUsage`: allocated bytes and distinct inodes.

@@ -209,3 +209,36 @@ async fn error_kinds() {
         Err(SnapshotError::Store(StoreError::InvalidArgument(_)))
     ));
 }
+
+#[tokio::test]
+async fn same_target_under_another_parent_gets_its_own_remote_snapshot() {
+    let d = tempfile::tempdir().unwrap();
+    let s = svc(d.path(), Some(Arc::new(Fake::default())));
+    // namespace B unpacked the lower layer the ordinary way
+    s.prepare("B/1/x", "", HashMap::new()).await.unwrap();
+    s.commit("B/2/sha256:c1", "B/1/x", HashMap::new()).unwrap();
+    let r = s
+        .prepare("B/3/e", "B/2/sha256:c1", remote_labels("sha256:c2", D1))
+        .await;
+    assert!(matches!(r, Err(SnapshotError::RemoteCommitted(_))));
+    // namespace A has the lower layer as a remote snapshot, then the same upper target
+    let _ = s.prepare("A/1/e", "", remote_labels("sha256:c1", D1)).await;
+    let r = s
+        .prepare("A/2/e", "sha256:c1", remote_labels("sha256:c2", D1))
+        .await;
+    assert!(matches!(r, Err(SnapshotError::RemoteCommitted(_))));
+    let w = s
+        .walk(&[r#"labels."containerd.io/snapshot.ref"==sha256:c2"#.into()])
+        .unwrap();
+    let mut parents: Vec<_> = w.iter().map(|r| r.parent.as_str()).collect();
+    parents.sort();
+    assert_eq!(parents, vec!["B/2/sha256:c1", "sha256:c1"]);
+    assert!(w.iter().any(|r| r.key.starts_with("sha256:c2@")));
+}
+
+#[test]
+fn remote_names() {
+    assert_eq!(remote_snapshot_name("sha256:t", "p", |_| false), "sha256:t");
+    let n = remote_snapshot_name("sha256:t", "p", |k| k == "sha256:t");
+    assert!(n.starts_with("sha256:t@") && n.len() == "sha256:t@".len() + 16);
+}
