@@ -299,13 +299,15 @@ pub struct ResolvedGroup {
 /// Merge `upper` env entries over `lower` (both `KEY=VALUE`, order kept, first position wins).
 /// A key in `upper` replaces its value, except `PATH`: the upper PATH's entries come first,
 /// followed by lower entries it does not already contain (so a harness adding
-/// `/opt/harness/bin` keeps the base's `/usr/bin:/bin`).
+/// `/opt/harness/bin` keeps the base's `/usr/bin:/bin`). A merged PATH lists each entry once
+/// and drops empty entries (an empty entry would mean the working directory).
 pub fn merge_env(lower: &[String], upper: &[String]) -> Vec<String> {
     let mut out: Vec<(String, String)> = lower.iter().filter_map(|e| split_env(e)).collect();
     for (k, v) in upper.iter().filter_map(|e| split_env(e)) {
         match out.iter_mut().find(|(ok, _)| *ok == k) {
             Some(slot) if k == "PATH" => slot.1 = merge_path(&v, &slot.1),
             Some(slot) => slot.1 = v,
+            None if k == "PATH" => out.push((k, merge_path(&v, ""))),
             None => out.push((k, v)),
         }
     }
@@ -866,6 +868,52 @@ checkout = "abc"
             l.get("io.weenv.mutation.checkout").map(String::as_str),
             Some("abc")
         );
+    }
+
+    fn path_strategy() -> impl proptest::strategy::Strategy<Value = Option<Vec<&'static str>>> {
+        use proptest::prelude::*;
+        proptest::option::of(proptest::collection::vec(
+            prop::sample::select(vec!["/a", "/b", "/c", "/usr/bin", "/bin", "/opt/x"]),
+            0..4,
+        ))
+    }
+
+    proptest::proptest! {
+        /// Layers/diff_ids concatenate in order; PATH keeps every entry once, top group's first;
+        /// composing twice gives the same digests.
+        #[test]
+        fn compose_properties(spec in proptest::collection::vec((0usize..3, path_strategy()), 1..6)) {
+            let groups: Vec<ResolvedGroup> = spec
+                .iter()
+                .enumerate()
+                .map(|(i, (n, path))| {
+                    let layers: Vec<Vec<u8>> = (0..*n).map(|j| format!("g{i}l{j}").into_bytes()).collect();
+                    let refs: Vec<&[u8]> = layers.iter().map(|l| l.as_slice()).collect();
+                    let env = path.as_ref().map(|p| vec![format!("PATH={}", p.join(":"))]).unwrap_or_default();
+                    group(&format!("r/g{i}:1"), GroupKind::Other(format!("k{i}")), &refs, ConfigFragment { env, ..Default::default() })
+                })
+                .collect();
+            let refs: Vec<String> = groups.iter().map(|g| format!("{:?}", g.reference)).collect();
+            let plan = Plan::parse(&format!("version = 1\ngroups = [{}]\n", refs.join(", "))).unwrap();
+            let c = compose(&groups, &plan).unwrap();
+            let want: Vec<Digest> = groups.iter().flat_map(|g| g.manifest.layers.iter().map(|l| l.digest.clone())).collect();
+            let got: Vec<Digest> = c.manifest.layers.iter().map(|l| l.digest.clone()).collect();
+            proptest::prop_assert_eq!(got, want);
+            let want_ids: Vec<Digest> = groups.iter().flat_map(|g| g.config.diff_ids.clone()).collect();
+            proptest::prop_assert_eq!(&c.config.rootfs.diff_ids, &want_ids);
+            let path = c.config.config.env.iter().find_map(|e| e.strip_prefix("PATH=")).map(str::to_string);
+            let all: std::collections::BTreeSet<&str> = spec.iter().flat_map(|(_, p)| p.iter().flatten().copied()).collect();
+            let entries: Vec<String> = path.as_deref().unwrap_or("").split(':').filter(|e| !e.is_empty()).map(str::to_string).collect();
+            let uniq: std::collections::BTreeSet<&str> = entries.iter().map(String::as_str).collect();
+            proptest::prop_assert_eq!(uniq.len(), entries.len());
+            proptest::prop_assert_eq!(&uniq, &all);
+            if let Some((_, Some(top))) = spec.iter().rev().find(|(_, p)| p.is_some()) {
+                let mut seen = Vec::new();
+                for e in top.iter() { if !seen.contains(e) { seen.push(*e); } }
+                proptest::prop_assert_eq!(&entries[..seen.len()], &seen.iter().map(|s| s.to_string()).collect::<Vec<_>>()[..]);
+            }
+            proptest::prop_assert_eq!(compose(&groups, &plan).unwrap().manifest_digest, c.manifest_digest);
+        }
     }
 
     #[test]
