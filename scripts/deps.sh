@@ -11,7 +11,7 @@ WEENV_APT_PACKAGES=(
   umoci busybox-static skopeo   # offline test images, OCI layout <-> registry copies
   docker-registry     # private OCI registry (distribution 2.8)
   zstd                # round-trip checks with the reference zstd tool
-  debootstrap         # Debian rootfs test image from the configured apt mirror
+  debootstrap debian-archive-keyring gpgv  # Debian rootfs test image from the apt mirror
   iproute2
   stargz-snapshotter  # ctr-remote: eStargz comparison in the benchmark
   python3 pkg-config gcc ca-certificates curl
