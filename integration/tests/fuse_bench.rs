@@ -184,3 +184,29 @@ fn one_session_vs_session_per_layer() -> Result<()> {
     );
     Ok(())
 }
+
+/// Cold reads (nothing cached) from a local blob: the cost of fetch + decompress + verify +
+/// cache per frame, without network. Read-ahead on (default) vs off.
+#[test]
+#[ignore = "needs root and /dev/fuse"]
+fn cold_read_throughput_local_source() -> Result<()> {
+    let mut b = tar::Builder::new(Vec::new());
+    add_file(&mut b, "big.bin", &noise(5, BIG), 0o644, 0, 0)?;
+    let tar = b.into_inner()?;
+    for ra in [8u64 << 20, 0] {
+        let fill = FillConfig {
+            enabled: false,
+            read_ahead_bytes: ra,
+            ..FillConfig::default()
+        };
+        let fx = Fixture::new(fill, false)?;
+        let layer = TestLayer::new(fx.dir.path(), "cold", &tar)?;
+        let dir = fx.add(&layer)?;
+        let mbs = seq(&dir.join("big.bin"))?;
+        println!(
+            "BENCH cold sequential read, local blob, read_ahead={ra}: {mbs:.0} MB/s in {} range requests",
+            layer.source.requests().len()
+        );
+    }
+    Ok(())
+}

@@ -176,6 +176,7 @@ impl LayerStore {
             root_ttl: Duration::from_secs(1),
             mounted_at: SystemTime::now(),
         });
+        st.passthrough.clean_temp_files();
         let mut fc = Config::default();
         fc.mount_options = vec![
             MountOption::FSName("weenv".into()),

@@ -29,7 +29,8 @@ pub struct FillConfig {
     pub rate_limit_bytes_per_sec: u64,
     /// Compressed bytes per fill request. Default: 4 MiB.
     pub batch_bytes: u64,
-    /// Read-ahead window after the frames a read needs, per file; 0 = off. Default: 8 MiB.
+    /// Read-ahead window per file (sliding for sequential readers, see `fs::readahead`);
+    /// 0 = off. Default: 8 MiB (a cold 64 MiB sequential read: 9 range requests instead of 64).
     pub read_ahead_bytes: u64,
     /// On the first read of a small file in a directory, prefetch up to this many frames
     /// holding the directory's small files; 0 = off. Default: 0 (off): on python3 start-up

@@ -7,7 +7,7 @@
 
 use super::inode::LayerTable;
 use crate::fetch::{BlobSource, FillProgress};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use weenv_format::{Digest, FrameIdx, Toc};
 
@@ -39,15 +39,16 @@ pub struct Layer {
     pub fill: Arc<FillProgress>,
     /// Per node: read-ahead (files) or directory prefetch (dirs) already issued.
     touched: Box<[AtomicBool]>,
+    /// Per file node: read-ahead horizon (see [`super::readahead`]).
+    ra_horizon: Box<[AtomicU32]>,
 }
 
 impl Layer {
     /// Builds the inode table for `toc`.
     pub fn new(digest: Digest, slot: u32, toc: Arc<Toc>, source: Arc<dyn BlobSource>) -> Self {
         let table = LayerTable::build(&toc);
-        let touched = (0..table.nodes.len())
-            .map(|_| AtomicBool::new(false))
-            .collect();
+        let table_len = table.nodes.len();
+        let touched = (0..table_len).map(|_| AtomicBool::new(false)).collect();
         Layer {
             digest,
             slot,
@@ -56,6 +57,7 @@ impl Layer {
             source,
             fill: Arc::new(FillProgress::default()),
             touched,
+            ra_horizon: (0..table_len).map(|_| AtomicU32::new(0)).collect(),
         }
     }
 
@@ -64,6 +66,11 @@ impl Layer {
         self.touched
             .get(node as usize)
             .is_some_and(|t| !t.swap(true, Ordering::Relaxed))
+    }
+
+    /// Read-ahead horizon of file `node`.
+    pub fn ra_horizon(&self, node: u32) -> Option<&AtomicU32> {
+        self.ra_horizon.get(node as usize)
     }
 
     /// Root inode number of this layer.

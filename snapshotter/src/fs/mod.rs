@@ -13,6 +13,7 @@ pub mod inode;
 pub mod layer;
 pub mod ops;
 pub mod passthrough;
+pub mod readahead;
 
 use crate::metrics::FuseOp;
 use fuser::{
@@ -210,11 +211,11 @@ impl Filesystem for WeenvFs {
         if plan.frames.is_empty() {
             return reply.data(&[]);
         }
+        if self.st.fill.read_ahead_bytes > 0 {
+            let ra = self.st.read_ahead_frames(&plan);
+            self.st.prefetch(plan.layer.clone(), ra);
+        }
         if plan.layer.first_touch(plan.node) {
-            if self.st.fill.read_ahead_bytes > 0 {
-                let ra = self.st.read_ahead_frames(&plan);
-                self.st.prefetch(plan.layer.clone(), ra);
-            }
             self.touch_dir_of(&plan.layer, plan.node);
         }
         if let Some(data) = self.st.read_from_memory(&plan) {

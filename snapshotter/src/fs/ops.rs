@@ -12,6 +12,7 @@ use parking_lot::RwLock;
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use weenv_format::{ChunkRef, Digest, FrameIdx};
@@ -337,29 +338,56 @@ impl FsState {
             .map_err(|_| FetchError::Stopped("chunk outside its frame (corrupt TOC)".into()))
     }
 
-    /// Frames to read ahead after `plan`: the rest of the file, up to the configured window.
+    /// Frames to read ahead after `plan` (sliding window, see [`super::readahead`]); claims
+    /// the window so concurrent readers do not prefetch it twice.
     pub fn read_ahead_frames(&self, plan: &ReadPlan) -> Vec<FrameIdx> {
-        let all = plan.layer.file_frames(plan.node);
-        let Some(last) = plan.frames.last() else {
+        let (Some(first), Some(last)) = (plan.frames.first(), plan.frames.last()) else {
             return Vec::new();
         };
-        let start = all
-            .iter()
-            .position(|f| f == last)
-            .map_or(all.len(), |p| p + 1);
-        let mut budget = self.fill.read_ahead_bytes;
-        let mut out = Vec::new();
-        for idx in &all[start..] {
-            let Some(f) = plan.layer.toc.frames.get(idx.0 as usize) else {
-                break;
-            };
-            if budget < f.ulen {
-                break;
-            }
-            budget -= f.ulen;
-            out.push(*idx);
+        let Some(h) = plan.layer.ra_horizon(plan.node) else {
+            return Vec::new();
+        };
+        if h.load(Ordering::Relaxed) == u32::MAX {
+            return Vec::new(); // the whole file is prefetched
         }
-        out
+        let all = plan.layer.file_frames(plan.node);
+        let (Some(p0), Some(p1)) = (
+            all.iter().position(|f| f == first),
+            all.iter().rposition(|f| f == last),
+        ) else {
+            return Vec::new();
+        };
+        let ulens: Vec<u64> = all
+            .iter()
+            .map(|i| {
+                plan.layer
+                    .toc
+                    .frames
+                    .get(i.0 as usize)
+                    .map_or(u64::MAX, |f| f.ulen)
+            })
+            .collect();
+        let horizon = h.load(Ordering::Relaxed);
+        let Some((s, e)) = super::readahead::next_window(
+            &ulens,
+            p0,
+            p1,
+            horizon as usize,
+            self.fill.read_ahead_bytes,
+        ) else {
+            return Vec::new();
+        };
+        let e32 = if e >= all.len() {
+            u32::MAX
+        } else {
+            u32::try_from(e).unwrap_or(u32::MAX)
+        };
+        if h.compare_exchange(horizon, e32, Ordering::Relaxed, Ordering::Relaxed)
+            .is_err()
+        {
+            return Vec::new(); // another reader moved the window
+        }
+        all[s..e].to_vec()
     }
 
     /// Frames of the small files of directory `dir`, in directory order, capped.

@@ -81,6 +81,23 @@ impl Passthrough {
         }
     }
 
+    /// Removes temp files a crash left in the complete-files tree.
+    pub fn clean_temp_files(&self) {
+        let Ok(layers) = fs::read_dir(&self.files_dir) else {
+            return;
+        };
+        for l in layers.flatten() {
+            let Ok(files) = fs::read_dir(l.path()) else {
+                continue;
+            };
+            for f in files.flatten() {
+                if f.file_name().to_string_lossy().starts_with(".tmp.") {
+                    let _ = fs::remove_file(f.path());
+                }
+            }
+        }
+    }
+
     /// Passthrough is configured and supported.
     pub fn active(&self) -> bool {
         self.enabled && self.available.load(Ordering::Relaxed)
