@@ -2,7 +2,8 @@
 //! registry, converted registry-to-registry by `weenv-convert` (config blob mounted across
 //! repositories), pulled by a private stock containerd with the default overlayfs snapshotter
 //! (`ctr images pull --plain-http`) and run with `ctr run`. Then `inspect` through a counting
-//! proxy reads each weenv layer's TOC with exactly one ranged GET and no full blob GET.
+//! proxy reads each weenv layer's TOC with exactly one ranged GET and no full blob GET, and a
+//! re-conversion into another repository mounts every blob instead of uploading it.
 
 mod convert_common;
 
@@ -85,6 +86,30 @@ async fn stock_containerd_pulls_and_runs_converted_image() -> Result<()> {
         layers.len()
     );
     ensure!(full == 0, "full blob GETs during inspect: {reqs:#?}");
+
+    // Re-converting the weenv image into another repository of the same registry passes every
+    // layer through and mounts every blob across repositories: no blob bytes are uploaded.
+    proxy.stats().clear();
+    let copy = format!("{}/busybox-copy:1", proxy.host());
+    let r = convert(&pclient, &pref, &copy).await?;
+    ensure!(
+        r.digest == report.digest,
+        "pass-through changed the manifest"
+    );
+    let reqs = proxy.stats().requests();
+    let mounts = reqs
+        .iter()
+        .filter(|r| r.method == "POST" && r.path.contains("mount=") && r.status == 201)
+        .count();
+    let uploads: Vec<_> = reqs
+        .iter()
+        .filter(|r| r.method == "PATCH" || (r.method == "PUT" && r.path.contains("/blobs/")))
+        .collect();
+    ensure!(
+        mounts == 1 + layers.len(),
+        "expected config + layers mounted: {reqs:#?}"
+    );
+    ensure!(uploads.is_empty(), "blob bytes uploaded: {uploads:#?}");
     Ok(())
 }
 
