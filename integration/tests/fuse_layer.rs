@@ -304,3 +304,43 @@ fn concurrent_readers_get_correct_content_with_one_fetch_per_frame() -> Result<(
     );
     Ok(())
 }
+
+#[test]
+#[ignore = "needs root and /dev/fuse"]
+fn root_lists_layers_and_remove_readd_work() -> Result<()> {
+    let fx = Fixture::new(Fixture::strict(), false)?;
+    let mut b = tar::Builder::new(Vec::new());
+    add_file(&mut b, "a", b"A\n", 0o644, 0, 0)?;
+    let l1 = TestLayer::new(fx.dir.path(), "one", &b.into_inner()?)?;
+    let mut b = tar::Builder::new(Vec::new());
+    add_file(&mut b, "b", b"B\n", 0o644, 0, 0)?;
+    let l2 = TestLayer::new(fx.dir.path(), "two", &b.into_inner()?)?;
+    let (d1, d2) = (fx.add(&l1)?, fx.add(&l2)?);
+    ensure!(fx.add(&l1)? == d1, "add_layer is idempotent");
+    let mnt = fx.store.mountpoint().to_path_buf();
+    let names: BTreeSet<String> = std::fs::read_dir(&mnt)?
+        .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
+        .collect::<std::io::Result<_>>()?;
+    let want: BTreeSet<String> = [l1.digest.hex().to_string(), l2.digest.hex().to_string()].into();
+    ensure!(names == want, "root lists {names:?}");
+    ensure!(std::fs::read(d2.join("b"))? == b"B\n");
+    fx.store.remove_layer(&l2.digest)?;
+    ensure!(!fx.store.has_layer(&l2.digest));
+    ensure!(
+        std::fs::metadata(d2.join("b")).is_err(),
+        "removed layer is gone"
+    );
+    ensure!(
+        fx.store.remove_layer(&l2.digest).is_err(),
+        "second remove is NotFound"
+    );
+    let again = fx.add(&l2)?;
+    ensure!(
+        again == d2 && std::fs::read(d2.join("b"))? == b"B\n",
+        "re-added layer works"
+    );
+    ensure!(std::fs::read(d1.join("a"))? == b"A\n");
+    let st = fx.store.status();
+    ensure!(st.len() == 2 && st.iter().all(|s| s.entries >= 1), "{st:?}");
+    Ok(())
+}
