@@ -518,16 +518,38 @@ async fn serve_conn(sock: TcpStream, state: Arc<ProxyState>) -> Result<()> {
             || resp_head
                 .get("connection")
                 .is_some_and(|c| c.eq_ignore_ascii_case("close"));
-        let (body, n) = if no_body {
-            (Vec::new(), 0)
-        } else {
-            read_body(ur, &resp_head, true).await?
-        };
+        let chunked = resp_head
+            .get("transfer-encoding")
+            .is_some_and(|t| t.eq_ignore_ascii_case("chunked"));
+        let length = resp_head
+            .get("content-length")
+            .and_then(|l| l.parse::<u64>().ok());
         rec.status = status;
-        rec.response_bytes = n;
-        state.stats.record(rec);
-        cw.write_all(&resp_head.encode()).await?;
-        cw.write_all(&body).await?;
+        match length {
+            // Stream sized bodies (blobs) without buffering them; the record is made first
+            // (with the announced size) so a client that has the response sees its record.
+            Some(len) if !no_body && !chunked => {
+                rec.response_bytes = len;
+                state.stats.record(rec);
+                cw.write_all(&resp_head.encode()).await?;
+                let copied = tokio::io::copy(&mut (&mut *ur).take(len), &mut cw).await?;
+                anyhow::ensure!(
+                    copied == len,
+                    "upstream body ended after {copied} of {len} bytes"
+                );
+            }
+            _ => {
+                let (body, n) = if no_body {
+                    (Vec::new(), 0)
+                } else {
+                    read_body(ur, &resp_head, true).await?
+                };
+                rec.response_bytes = n;
+                state.stats.record(rec);
+                cw.write_all(&resp_head.encode()).await?;
+                cw.write_all(&body).await?;
+            }
+        }
         let framed = resp_head.get("content-length").is_some()
             || resp_head.get("transfer-encoding").is_some();
         if close || (!no_body && !framed) {
