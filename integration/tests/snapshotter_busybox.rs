@@ -212,7 +212,12 @@ async fn lazy_pull_run_writes_and_restart() -> Result<()> {
         "{status}"
     );
     let metrics = e.daemon.weenv(&["metrics"])?;
-    ensure!(metrics.contains("weenv_fuse_ops_total"), "{metrics}");
+    ensure!(
+        metrics.contains("weenv_fuse_ops_total")
+            && metrics.contains("weenv_remote_prepares_total{outcome=\"remote\"} 1")
+            && metrics.contains("weenv_snapshots{kind=\"remote\"} 1"),
+        "{metrics}"
+    );
 
     // Restart: a new container from the same image, no blob bytes for cached chunks.
     e.daemon.restart()?;

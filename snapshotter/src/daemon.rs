@@ -40,6 +40,7 @@ pub enum DaemonError {
 }
 
 struct Obs {
+    svc: Arc<SnapshotService>,
     store: Arc<MetaStore>,
     layers: Arc<LayerStore>,
     metrics: Arc<Metrics>,
@@ -47,7 +48,17 @@ struct Obs {
 
 impl Observable for Obs {
     fn metrics_text(&self) -> String {
-        self.metrics.render()
+        let mut m = self.metrics.render();
+        m.push_str(&self.svc.counters().render());
+        if let Ok(c) = crate::status::count_snapshots(&self.store) {
+            m.push_str(&format!(
+                "# HELP weenv_snapshots Snapshots by kind.\n# TYPE weenv_snapshots gauge\n\
+                 weenv_snapshots{{kind=\"active\"}} {}\nweenv_snapshots{{kind=\"view\"}} {}\n\
+                 weenv_snapshots{{kind=\"committed\"}} {}\nweenv_snapshots{{kind=\"remote\"}} {}\n",
+                c.active, c.view, c.committed, c.remote
+            ));
+        }
+        m
     }
     fn status_json(&self) -> String {
         serde_json::to_string_pretty(&crate::status::report(&self.store, &self.layers))
@@ -113,6 +124,7 @@ pub async fn run(cfg: Config) -> Result<(), DaemonError> {
 
     if let Some(addr) = cfg.listen_addr()? {
         let obs = Arc::new(Obs {
+            svc: svc.clone(),
             store: store.clone(),
             layers: layers.clone(),
             metrics,

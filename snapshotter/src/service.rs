@@ -15,6 +15,7 @@ use crate::store::{
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 use thiserror::Error;
@@ -60,8 +61,41 @@ fn io_err<'a>(
 /// Snapshot info as returned by Stat/Update/Walk.
 pub type Info = SnapshotRecord;
 
+/// Counters of the remote path (exposed on `/metrics`).
+#[derive(Debug, Default)]
+pub struct RemoteCounters {
+    /// Prepares answered with a remote snapshot (AlreadyExists).
+    pub remote_hits: AtomicU64,
+    /// Prepares with remote labels whose layer is not a weenv layer.
+    pub remote_not_weenv: AtomicU64,
+    /// Prepares whose remote path failed (fell back to the ordinary path).
+    pub remote_errors: AtomicU64,
+}
+
+impl RemoteCounters {
+    /// Prometheus text for these counters.
+    pub fn render(&self) -> String {
+        let mut out = String::from(
+            "# HELP weenv_remote_prepares_total Prepares with remote-snapshot labels, by outcome.\n\
+             # TYPE weenv_remote_prepares_total counter\n",
+        );
+        for (outcome, c) in [
+            ("remote", &self.remote_hits),
+            ("not_weenv", &self.remote_not_weenv),
+            ("error", &self.remote_errors),
+        ] {
+            out.push_str(&format!(
+                "weenv_remote_prepares_total{{outcome=\"{outcome}\"}} {}\n",
+                c.load(Ordering::Relaxed)
+            ));
+        }
+        out
+    }
+}
+
 /// The containerd snapshotter.
 pub struct SnapshotService {
+    counters: RemoteCounters,
     store: Arc<MetaStore>,
     snapshots_dir: PathBuf,
     layers: Option<Arc<dyn LayerProvider>>,
@@ -87,10 +121,16 @@ impl SnapshotService {
     ) -> Result<Self, SnapshotError> {
         std::fs::create_dir_all(&snapshots_dir).map_err(io_err("create", &snapshots_dir))?;
         Ok(Self {
+            counters: RemoteCounters::default(),
             store,
             snapshots_dir,
             layers,
         })
+    }
+
+    /// Remote-path counters.
+    pub fn counters(&self) -> &RemoteCounters {
+        &self.counters
     }
 
     /// The metadata store (status, pull bookkeeping).
@@ -212,10 +252,20 @@ impl SnapshotService {
                 .try_remote(layers.as_ref(), &req, parent, &labels)
                 .await
             {
-                Ok(true) => return Err(SnapshotError::RemoteCommitted(req.target)),
-                Ok(false) => {}
-                Err(e) => warn!(key, digest = %req.digest, error = %e,
-                    "remote path failed; falling back to the ordinary path"),
+                Ok(true) => {
+                    self.counters.remote_hits.fetch_add(1, Ordering::Relaxed);
+                    return Err(SnapshotError::RemoteCommitted(req.target));
+                }
+                Ok(false) => {
+                    self.counters
+                        .remote_not_weenv
+                        .fetch_add(1, Ordering::Relaxed);
+                }
+                Err(e) => {
+                    self.counters.remote_errors.fetch_add(1, Ordering::Relaxed);
+                    warn!(key, digest = %req.digest, error = %e,
+                        "remote path failed; falling back to the ordinary path")
+                }
             }
         }
         self.create_local(key, parent, labels, Kind::Active)

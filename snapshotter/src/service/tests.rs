@@ -161,6 +161,15 @@ async fn remote_prepare_commits_and_says_already_exists() {
         .await;
     assert!(matches!(r, Err(SnapshotError::RemoteCommitted(_))));
     assert_eq!(fake.mounted.lock().len(), n);
+    let m = s.counters().render();
+    assert!(
+        m.contains("weenv_remote_prepares_total{outcome=\"remote\"} 3"),
+        "{m}"
+    );
+    assert!(
+        m.contains("weenv_remote_prepares_total{outcome=\"not_weenv\"} 1"),
+        "{m}"
+    );
 }
 
 #[tokio::test]
