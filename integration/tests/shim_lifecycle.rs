@@ -24,19 +24,31 @@ fn run_prints_and_propagates_exit_code() -> Result<()> {
     assert_eq!(code(&o), 3);
     let o = env.run("r2", &["--rm"], &["/bin/true"])?;
     assert_eq!(code(&o), 0);
-    // stdin reaches the container and EOF ends it
-    let mut c = env.ctd.ctr_command(
-        env.ctd.namespace(),
-        &[
-            "run",
-            "--rm",
-            &format!("--runtime={RUNTIME}"),
-            env.image,
-            "r3",
-            "/bin/cat",
-        ],
-    );
-    let c = c.stdin(std::process::Stdio::null()).output()?;
+    // stdin reaches the container (FIFO handed to runc) and its EOF ends `wc`
+    let mut c = env
+        .ctd
+        .ctr_command(
+            env.ctd.namespace(),
+            &[
+                "run",
+                "--rm",
+                &format!("--runtime={RUNTIME}"),
+                env.image,
+                "r3",
+                "wc",
+                "-l",
+            ],
+        )
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()?;
+    {
+        use std::io::Write;
+        let mut stdin = c.stdin.take().expect("piped stdin");
+        stdin.write_all(b"a\nb\nc\n")?;
+    }
+    let c = c.wait_with_output()?;
+    assert_eq!(String::from_utf8_lossy(&c.stdout).trim(), "3");
     assert_eq!(code(&c), 0);
     assert_eq!(env.status("r1")?["state"], "exited");
     assert_eq!(env.status("r1")?["exit_status"], 3);
@@ -124,5 +136,66 @@ fn exec_kill_delete_and_task_ls() -> Result<()> {
         .join("d1");
     assert!(!runc_state.exists(), "runc state left behind");
     assert_eq!(env.status("d1")?["exit_status"], 137);
+    Ok(())
+}
+
+/// Runs `cmd` under `script` (a pty for ctr), feeding `input` lines after a delay.
+fn with_pty(cmd: &str, input: &str) -> Result<(String, i32)> {
+    let sh = format!(
+        "(sleep 1.5; printf '{input}'; sleep 2) | script -qec \"$CMD\" /dev/null; echo \"rc=$?\""
+    );
+    let o = std::process::Command::new("timeout")
+        .args(["60", "sh", "-c", &sh])
+        .env("CMD", cmd)
+        .output()?;
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    let rc = out
+        .lines()
+        .rev()
+        .find_map(|l| l.trim().strip_prefix("rc=").and_then(|v| v.parse().ok()))
+        .unwrap_or(-1);
+    Ok((out, rc))
+}
+
+#[test]
+#[ignore = "needs root, containerd, runc, umoci, script (util-linux)"]
+fn tty_run_and_exec_with_resize() -> Result<()> {
+    weenv_integration::util::require_bins(&["script", "timeout"])?;
+    let env = ShimEnv::start("life-tty")?;
+    let ctr = format!(
+        "ctr -a {} -n {}",
+        env.ctd.address().display(),
+        env.ctd.namespace()
+    );
+    let (out, rc) = with_pty(
+        &format!(
+            "{ctr} run --rm -t --runtime {RUNTIME} {} t1 sh -c 'tty; read x; echo got-$x; exit 7'",
+            env.image
+        ),
+        "hello-in\\r",
+    )?;
+    assert!(out.contains("/dev/pts/"), "{out}");
+    assert!(out.contains("got-hello-in"), "stdin through the pty: {out}");
+    assert_eq!(rc, 7, "{out}");
+
+    let o = env.run("t2", &["-d"], &["/bin/sleep", "1000"])?;
+    assert_eq!(code(&o), 0);
+    let (out, rc) = with_pty(
+        &format!("stty cols 123 rows 45; {ctr} task exec -t --exec-id x1 t2 sh -c 'sleep 1; stty size; exit 9'"),
+        "",
+    )?;
+    assert!(
+        out.contains("45 123"),
+        "resize_pty reached the exec's pty: {out}"
+    );
+    assert_eq!(rc, 9, "{out}");
+    env.ctd.ctr_ok(&["task", "kill", "-s", "SIGKILL", "t2"])?;
+    for _ in 0..50 {
+        if env.ctd.ctr(&["task", "rm", "t2"])?.status.success() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    env.ctd.ctr_ok(&["containers", "rm", "t2"])?;
     Ok(())
 }

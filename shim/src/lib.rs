@@ -10,6 +10,7 @@
 pub mod apply;
 pub mod cgroup;
 pub mod config;
+pub mod io;
 pub mod ledger;
 pub mod logging;
 pub mod monitor;

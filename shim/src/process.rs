@@ -33,6 +33,10 @@ pub struct Process {
     /// Exec only: the OCI process JSON.
     pub spec: Option<Vec<u8>>,
     pub exit: Option<Exit>,
+    /// TTY: the pty master (for resize).
+    pub console: Option<std::fs::File>,
+    /// TTY: the shim's writer on the stdin FIFO; dropped by `CloseIO`.
+    pub stdin_closer: Option<std::fs::File>,
     tx: watch::Sender<Option<Exit>>,
 }
 
@@ -50,6 +54,8 @@ impl Process {
             terminal,
             spec: None,
             exit: None,
+            console: None,
+            stdin_closer: None,
             tx,
         }
     }

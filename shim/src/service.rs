@@ -2,8 +2,8 @@
 //! plus the [`Shim`] lifecycle (start/delete of the shim binary itself).
 //!
 //! Task API: create, start, state, wait, kill, delete, pids, connect, shutdown, exec,
-//! stats, update, pause, resume, close_io. TTY (`terminal=true`) and resize_pty answer
-//! `Unimplemented`. Every container gets an elastic [`Monitor`] (see `monitor.rs`)
+//! stats, update, pause, resume, close_io, resize_pty; TTY through runc's console socket
+//! (`io.rs`). Every container gets an elastic [`Monitor`] (see `monitor.rs`)
 //! started with the task; exits come from the shim's reaper through the monitor
 //! subscription (`exits.rs`-style loop in [`TaskService::watch_exits`]).
 
@@ -42,11 +42,32 @@ use tracing::{error, info, warn};
 
 use crate::cgroup;
 use crate::config::ShimConfig;
+use crate::io::{resize, start_copy, ConsoleSocket};
 use crate::monitor::{Monitor, Outcome};
 use crate::process::{wait_exit, EarlyExits, Process};
 use crate::runc::{client, describe, FifoIo};
 use crate::stats::metrics_any;
 use crate::status::{Status, StatusDir};
+
+/// How long runc may take to send the pty master.
+const CONSOLE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Receives the pty master and starts the copy loops for `p`'s FIFOs.
+async fn attach_console(
+    p: &mut Process,
+    pending: tokio::task::JoinHandle<std::io::Result<std::fs::File>>,
+) -> Result<(), String> {
+    let master = pending
+        .await
+        .map_err(|e| format!("console socket task: {e}"))?
+        .map_err(|e| format!("receive pty master: {e}"))?;
+    let path = |s: &str| (!s.is_empty()).then(|| PathBuf::from(s));
+    let (stdin, stdout) = (path(&p.stdin), path(&p.stdout));
+    p.stdin_closer = start_copy(&master, stdin.as_deref(), stdout.as_deref())
+        .map_err(|e| format!("pty copy: {e}"))?;
+    p.console = Some(master);
+    Ok(())
+}
 
 /// Runtime name containerd uses for this shim.
 pub const RUNTIME_ID: &str = "io.containerd.weenv.v1";
@@ -333,11 +354,6 @@ impl TaskService {
         let mut cfg = ShimConfig::load_default().map_err(|e| e.to_string())?;
         cfg.apply_annotations(&annotations)
             .map_err(|e| e.to_string())?;
-        if req.terminal {
-            return Err(
-                "weenv shim: TTY (terminal=true) is not supported yet; run without -t".into(),
-            );
-        }
         let rootfs = bundle.join("rootfs");
         std::fs::create_dir_all(&rootfs).map_err(|e| format!("mkdir {}: {e}", rootfs.display()))?;
         for m in &req.rootfs {
@@ -351,12 +367,26 @@ impl TaskService {
         );
         let mut init = Process::new("", &req.stdin, &req.stdout, &req.stderr, req.terminal);
         let pid_file = bundle.join("init.pid");
-        let opts = CreateOpts::new()
-            .pid_file(&pid_file)
-            .io(Arc::new(init.stdio.clone()));
+        let mut opts = CreateOpts::new().pid_file(&pid_file);
+        let console = if req.terminal {
+            let sock = ConsoleSocket::new().map_err(|e| format!("console socket: {e}"))?;
+            opts = opts
+                .console_socket(sock.path())
+                .io(Arc::new(FifoIo::default()));
+            Some(tokio::spawn(sock.receive(CONSOLE_TIMEOUT)))
+        } else {
+            opts = opts.io(Arc::new(init.stdio.clone()));
+            None
+        };
         if let Err(e) = runc.create(&req.id, &bundle, Some(&opts)).await {
+            if let Some(c) = console {
+                c.abort();
+            }
             let _ = containerd_shim::mount::umount_recursive(rootfs.to_str(), 0);
             return Err(describe("create", &bundle, &e));
+        }
+        if let Some(c) = console {
+            attach_console(&mut init, c).await?;
         }
         let pid = read_pid_from_file(&pid_file)
             .await
@@ -495,14 +525,31 @@ impl Task for TaskService {
                 )
             })?;
         let pid_file = bundle.join(format!("{}.pid", req.exec_id));
-        let opts = ExecOpts::new()
-            .io(Arc::new(p.stdio.clone()))
-            .pid_file(&pid_file)
-            .detach(true);
+        let mut opts = ExecOpts::new().pid_file(&pid_file).detach(true);
+        let mut tty = Process::new("", &p.stdin, &p.stdout, &p.stderr, p.terminal);
+        let console = if p.terminal {
+            let sock = ConsoleSocket::new()
+                .map_err(|e| rpc_err(ttrpc::Code::UNKNOWN, format!("console socket: {e}")))?;
+            opts = opts
+                .console_socket(sock.path())
+                .io(Arc::new(FifoIo::default()));
+            Some(tokio::spawn(sock.receive(CONSOLE_TIMEOUT)))
+        } else {
+            opts = opts.io(Arc::new(p.stdio.clone()));
+            None
+        };
         drop(st);
-        runc.exec(&req.id, &spec, Some(&opts))
-            .await
-            .map_err(|e| rpc_err(ttrpc::Code::UNKNOWN, describe("exec", &bundle, &e)))?;
+        if let Err(e) = runc.exec(&req.id, &spec, Some(&opts)).await {
+            if let Some(c) = console {
+                c.abort();
+            }
+            return Err(rpc_err(ttrpc::Code::UNKNOWN, describe("exec", &bundle, &e)));
+        }
+        if let Some(c) = console {
+            attach_console(&mut tty, c)
+                .await
+                .map_err(|m| rpc_err(ttrpc::Code::UNKNOWN, m))?;
+        }
         let pid = read_pid_from_file(&pid_file)
             .await
             .map_err(|e| rpc_err(ttrpc::Code::UNKNOWN, e.to_string()))?;
@@ -518,6 +565,8 @@ impl Task for TaskService {
             .ok_or_else(|| not_found("exec"))?;
         p.pid = pid;
         p.status = TaskStatus::RUNNING;
+        p.console = tty.console.take();
+        p.stdin_closer = tty.stdin_closer.take();
         self.publish(
             topics::TASK_EXEC_STARTED_EVENT_TOPIC,
             Box::new(TaskExecStarted {
@@ -772,12 +821,6 @@ impl Task for TaskService {
     }
 
     async fn exec(&self, _ctx: &TtrpcContext, req: ExecProcessRequest) -> TtrpcResult<Empty> {
-        if req.terminal {
-            return Err(rpc_err(
-                ttrpc::Code::UNIMPLEMENTED,
-                "weenv shim: exec with a TTY is not supported yet",
-            ));
-        }
         let mut st = self.inner.state.lock().await;
         let c = st
             .containers
@@ -789,7 +832,13 @@ impl Task for TaskService {
                 format!("exec {} already exists", req.exec_id),
             ));
         }
-        let mut p = Process::new(&req.exec_id, &req.stdin, &req.stdout, &req.stderr, false);
+        let mut p = Process::new(
+            &req.exec_id,
+            &req.stdin,
+            &req.stdout,
+            &req.stderr,
+            req.terminal,
+        );
         p.spec = Some(
             req.spec
                 .as_ref()
@@ -808,23 +857,46 @@ impl Task for TaskService {
         Ok(Empty::new())
     }
 
-    async fn resize_pty(&self, _ctx: &TtrpcContext, _req: ResizePtyRequest) -> TtrpcResult<Empty> {
-        Err(rpc_err(
-            ttrpc::Code::UNIMPLEMENTED,
-            "weenv shim: TTY is not supported yet, so there is no pty to resize",
-        ))
-    }
-
-    async fn close_io(&self, _ctx: &TtrpcContext, req: CloseIORequest) -> TtrpcResult<Empty> {
-        // The shim holds no stdin writer: the container reads containerd's FIFO directly
-        // and sees EOF when containerd closes it. Only check that the process exists.
+    async fn resize_pty(&self, _ctx: &TtrpcContext, req: ResizePtyRequest) -> TtrpcResult<Empty> {
         let st = self.inner.state.lock().await;
         let c = st
             .containers
             .get(&req.id)
             .ok_or_else(|| not_found("container"))?;
-        if !req.exec_id.is_empty() && !c.execs.contains_key(&req.exec_id) {
-            return Err(not_found("exec"));
+        let p = if req.exec_id.is_empty() {
+            &c.init
+        } else {
+            c.execs.get(&req.exec_id).ok_or_else(|| not_found("exec"))?
+        };
+        let master = p.console.as_ref().ok_or_else(|| {
+            rpc_err(
+                ttrpc::Code::FAILED_PRECONDITION,
+                "process has no TTY (created without terminal=true)",
+            )
+        })?;
+        resize(master, req.width, req.height)
+            .map_err(|e| rpc_err(ttrpc::Code::UNKNOWN, format!("resize pty: {e}")))?;
+        Ok(Empty::new())
+    }
+
+    async fn close_io(&self, _ctx: &TtrpcContext, req: CloseIORequest) -> TtrpcResult<Empty> {
+        // Without a TTY the container reads containerd's stdin FIFO directly and sees EOF
+        // when containerd closes it. With a TTY the shim copies stdin and holds a writer
+        // on the FIFO: drop it so the copy loop sees EOF.
+        let mut st = self.inner.state.lock().await;
+        let c = st
+            .containers
+            .get_mut(&req.id)
+            .ok_or_else(|| not_found("container"))?;
+        let p = if req.exec_id.is_empty() {
+            &mut c.init
+        } else {
+            c.execs
+                .get_mut(&req.exec_id)
+                .ok_or_else(|| not_found("exec"))?
+        };
+        if req.stdin {
+            p.stdin_closer = None;
         }
         Ok(Empty::new())
     }
