@@ -93,6 +93,13 @@ pub enum PlanCmd {
     Compose(Box<ComposeArgs>),
     /// Artifacts and bytes to publish: weenv vs static bundling vs dynamic assembly.
     Stats(Box<StatsArgs>),
+    /// Upload a patch file as a blob for `[mutation] blob = "sha256:..."`; prints its digest.
+    PushPatch {
+        patch: PathBuf,
+        /// Repository of the composed image (reg/repo or reg/repo:tag), where `weenv run` reads it.
+        #[arg(long)]
+        to: String,
+    },
 }
 
 #[derive(Args)]
@@ -361,6 +368,18 @@ pub async fn run_plan(client: &Client, cmd: PlanCmd, json: bool) -> Result<()> {
                     _ => println!("{}", String::from_utf8_lossy(&composed.manifest_json)),
                 }
             }
+        }
+        PlanCmd::PushPatch { patch, to } => {
+            let bytes =
+                std::fs::read(&patch).with_context(|| format!("reading {}", patch.display()))?;
+            weenv_format::patch::parse_patch(&bytes, 0)
+                .or_else(|_| weenv_format::patch::parse_patch(&bytes, 1))
+                .with_context(|| format!("{} is not a patch weenv can apply", patch.display()))?;
+            let d = weenv_format::Digest::sha256(&bytes);
+            client
+                .push_blob(&parse_ref(&to)?, &d, bytes::Bytes::from(bytes))
+                .await?;
+            println!("{d}");
         }
         PlanCmd::Stats(a) => {
             let shapes: Vec<PlanShape> = if let Some(s) = &a.synthetic {

@@ -266,6 +266,47 @@ async fn scenario(lazy: bool) -> Result<()> {
     );
     let tree_init = std::fs::read_to_string(out_init.join("tree"))?;
 
+    // at init from a blob in the image's repository (`weenv-convert plan push-patch`)
+    let o = std::process::Command::new(weenv_integration::util::workspace_bin("weenv-convert")?)
+        .args(["--plain-http", &e.host, "plan", "push-patch"])
+        .arg(e.tmp.path().join("bug.diff"))
+        .args(["--to", &format!("{}/weenv/env:blob", e.host)])
+        .output()?;
+    ensure!(
+        o.status.success(),
+        "push-patch: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let d = String::from_utf8_lossy(&o.stdout).trim().to_string();
+    ensure!(
+        d == weenv_format::Digest::sha256(PATCH.as_bytes()).to_string(),
+        "{d}"
+    );
+    let plan = write_plan(
+        &e,
+        "blob",
+        &format!("[mutation]\nblob = \"{d}\"\nroot = \"/src/repo\"\n"),
+    )?;
+    let out_blob = e.tmp.path().join("out-blob");
+    std::fs::create_dir_all(&out_blob)?;
+    run_plan(
+        &e.client,
+        &opts(
+            &e,
+            plan,
+            &format!("{}/weenv/env:blob", e.host),
+            "mut-blob",
+            snap,
+            &out_blob,
+        ),
+    )
+    .await?;
+    let tree_blob = std::fs::read_to_string(out_blob.join("tree"))?;
+    ensure!(
+        tree_blob == tree_init,
+        "blob patch:\n{tree_blob}\nfile patch:\n{tree_init}"
+    );
+
     // pre-applied: the same patch as a tiny group on top
     mutate_group(
         &e.client,
@@ -349,7 +390,7 @@ async fn scenario(lazy: bool) -> Result<()> {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "needs root, containerd, runc, docker-registry, skopeo, umoci"]
+#[ignore = "needs root, containerd, runc, docker-registry, skopeo, umoci, weenv-convert built"]
 async fn at_init_mutation_with_stock_overlayfs() -> Result<()> {
     scenario(false).await
 }
