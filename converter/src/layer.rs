@@ -138,6 +138,12 @@ pub fn convert_blob(
     opts: &WriterOptions,
 ) -> Result<LayerSummary, ConvertError> {
     let input = tar_reader(blob)?;
+    // Decompression of the source on its own thread, 4 MiB ahead at most.
+    let input = BufReader::with_capacity(
+        1 << 20,
+        crate::readahead::ReadAhead::spawn(input, 4)
+            .map_err(|e| ConvertError::io("starting the read-ahead thread", e))?,
+    );
     let file = std::fs::File::create(out)
         .map_err(|e| ConvertError::io(format!("creating {}", out.display()), e))?;
     let w = BufWriter::with_capacity(1 << 20, file);

@@ -4,7 +4,8 @@
 //! - [`location`]: parse `reg/repo:tag`, `oci:DIR[:tag]`, `docker-archive:FILE`.
 //! - [`source`] / [`archive`]: read manifests, configs and layer blobs from a registry, an OCI
 //!   layout or a docker-archive tarball (in place, no extraction).
-//! - [`layer`]: media types, weenv detection, one layer -> weenv layer (streaming).
+//! - [`layer`]: media types, weenv detection, one layer -> weenv layer (streaming);
+//!   [`readahead`] decodes the source on a second thread.
 //! - [`convert`]: the image pipeline (parallel layers, configs untouched, manifests rewritten,
 //!   indexes per platform, deterministic output).
 //! - [`sink`]: write to a registry (skip/mount/chunked upload) or an OCI layout.
@@ -23,6 +24,7 @@ pub mod layer;
 pub mod location;
 pub mod mutate;
 pub mod plan;
+pub mod readahead;
 pub mod resolve_cache;
 pub mod sink;
 pub mod source;
