@@ -318,6 +318,9 @@ mod tests {
             cfg,
             progress.clone(),
         ));
+        while progress.state() != FillState::Running {
+            tokio::task::yield_now().await;
+        }
         for _ in 0..200 {
             tokio::task::yield_now().await;
         }
@@ -326,7 +329,6 @@ mod tests {
             1,
             "fill must not send while an on-demand read is in flight"
         );
-        assert_eq!(progress.state(), FillState::Running);
         gate.add_permits(1000);
         on_demand.await.unwrap().unwrap();
         fill.await.unwrap();

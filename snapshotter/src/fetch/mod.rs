@@ -54,3 +54,12 @@ pub enum FetchError {
     #[error("fetch task stopped: {0}")]
     Stopped(String),
 }
+
+impl FetchError {
+    /// The errno a FUSE read answers with (the one mapping from fetch errors to FUSE).
+    /// Every fetch failure is an I/O error to the reader: the data exists but cannot be
+    /// produced right now (network, verification); a retry may succeed.
+    pub fn errno(&self) -> fuser::Errno {
+        fuser::Errno::EIO
+    }
+}

@@ -153,4 +153,33 @@ mod tests {
         assert_eq!(spans, vec![(0, 200), (200, 500), (700, 100)]);
         assert!(plan_fetch(&fr, &[FrameIdx(9)], PlanLimits::default()).is_empty());
     }
+
+    proptest::proptest! {
+        #[test]
+        fn plan_covers_each_wanted_frame_once(
+            lens in proptest::collection::vec(1u64..500, 1..40),
+            picks in proptest::collection::vec(0u32..40, 0..60),
+            max_gap in 0u64..600,
+            max_request in 1u64..2000,
+        ) {
+            let fr = frames(&lens);
+            let plan = plan_fetch(&fr, &picks.iter().map(|p| FrameIdx(*p)).collect::<Vec<_>>(), PlanLimits { max_gap, max_request });
+            let mut wanted: Vec<u32> = picks.iter().copied().filter(|p| (*p as usize) < fr.len()).collect();
+            wanted.sort();
+            wanted.dedup();
+            let mut got: Vec<u32> = plan.iter().flat_map(|r| r.frames.iter().map(|f| f.0)).collect();
+            got.sort();
+            proptest::prop_assert_eq!(got, wanted);
+            let mut prev_end = 0;
+            for r in &plan {
+                proptest::prop_assert!(r.offset >= prev_end, "sorted, disjoint");
+                prev_end = r.offset + r.len;
+                proptest::prop_assert!(r.len <= max_request || r.frames.len() == 1);
+                for f in &r.frames {
+                    let f = &fr[f.0 as usize];
+                    proptest::prop_assert!(r.offset <= f.offset && f.offset + f.clen <= r.offset + r.len);
+                }
+            }
+        }
+    }
 }

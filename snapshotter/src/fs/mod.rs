@@ -235,7 +235,7 @@ impl Filesystem for WeenvFs {
                 Err(e) => {
                     st.metrics.op_error(FuseOp::Read);
                     tracing::debug!(error = %e, layer = %plan.layer.digest, node = plan.node, "read failed: EIO");
-                    reply.error(Errno::EIO);
+                    reply.error(e.errno());
                 }
             }
         });
