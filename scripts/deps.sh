@@ -5,7 +5,7 @@
 set -euo pipefail
 
 WEENV_APT_PACKAGES=(
-  protobuf-compiler   # protoc: build.rs of containerd-snapshots / containerd-client
+  protobuf-compiler libprotobuf-dev  # protoc + well-known .protos: build.rs of containerd crates
   fuse3               # fusermount3 for the snapshotter's FUSE mounts
   containerd runc     # stock containerd + runc for end-to-end tests
   umoci busybox-static skopeo   # offline test images, OCI layout <-> registry copies
@@ -14,7 +14,7 @@ WEENV_APT_PACKAGES=(
   debootstrap debian-archive-keyring gpgv  # Debian rootfs test image from the apt mirror
   iproute2
   stargz-snapshotter  # ctr-remote: eStargz comparison in the benchmark
-  python3 pkg-config gcc ca-certificates curl
+  python3 pkg-config gcc ca-certificates curl openssl
 )
 
 weenv_install_deps() {
