@@ -162,13 +162,26 @@ impl FrameStore {
     }
 
     fn plan_one(&self, frame: &Frame) -> Plan<'_> {
-        if let Some(b) = self.cached(frame) {
-            return Plan::Have(b);
-        }
-        let mut map = self.inflight.lock();
-        if let Some(rx) = map.get(&frame.digest) {
-            return Plan::Wait(rx.clone());
-        }
+        let mut attempts = 0;
+        let mut map = loop {
+            if let Some(b) = self.cached(frame) {
+                return Plan::Have(b);
+            }
+            let map = self.inflight.lock();
+            if let Some(rx) = map.get(&frame.digest) {
+                return Plan::Wait(rx.clone());
+            }
+            // A fetch may have completed between the cache check and the lock (it caches,
+            // then releases its claim): look again rather than fetch twice. Lock order is
+            // always inflight -> cache, never the reverse.
+            attempts += 1;
+            if attempts < 2 && (self.l1.contains(&frame.digest) || self.l2.contains(&frame.digest))
+            {
+                drop(map);
+                continue;
+            }
+            break map;
+        };
         let (tx, rx) = watch::channel(None);
         map.insert(frame.digest.clone(), rx);
         drop(map);
