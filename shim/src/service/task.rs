@@ -1,0 +1,518 @@
+//! `impl Task for TaskService`: the ttrpc task API methods. Each decodes the request,
+//! works on the shared state in `super`, and maps failures to ttrpc codes.
+
+use super::*;
+use crate::stats::metrics_any;
+
+#[async_trait]
+impl Task for TaskService {
+    async fn create(
+        &self,
+        _ctx: &TtrpcContext,
+        req: CreateTaskRequest,
+    ) -> TtrpcResult<CreateTaskResponse> {
+        info!(id = %req.id, bundle = %req.bundle, "create");
+        self.create_inner(&req).await.map_err(|m| {
+            error!(id = %req.id, error = %m, "create failed");
+            rpc_err(ttrpc::Code::UNKNOWN, m)
+        })
+    }
+
+    async fn start(&self, _ctx: &TtrpcContext, req: StartRequest) -> TtrpcResult<StartResponse> {
+        let mut st = self.inner.state.lock().await;
+        let c = st
+            .containers
+            .get_mut(&req.id)
+            .ok_or_else(|| not_found("container"))?;
+        let runc = c.runc.clone();
+        if req.exec_id.is_empty() {
+            runc.start(&req.id)
+                .await
+                .map_err(|e| rpc_err(ttrpc::Code::UNKNOWN, describe("start", &c.bundle, &e)))?;
+            if c.init.exit.is_none() {
+                c.init.status = TaskStatus::RUNNING;
+            }
+            c.status.state = "running".into();
+            let _ = c.status_dir.write(&c.status);
+            if let Some(m) = c.monitor.clone() {
+                let (tx, rx) = watch::channel(false);
+                c.stop_monitor = Some(tx);
+                let iv = Duration::from_millis(c.cfg.monitor.interval_ms);
+                self.spawn_monitor(req.id.clone(), m, iv, rx);
+            }
+            let pid = c.init.pid as u32;
+            self.publish(
+                topics::TASK_START_EVENT_TOPIC,
+                Box::new(TaskStart {
+                    container_id: req.id.clone(),
+                    pid,
+                    ..Default::default()
+                }),
+            );
+            return Ok(StartResponse {
+                pid,
+                ..Default::default()
+            });
+        }
+        let bundle = c.bundle.clone();
+        let p = c.execs.get(&req.exec_id).ok_or_else(|| not_found("exec"))?;
+        let spec: oci_spec::runtime::Process =
+            serde_json::from_slice(p.spec.as_deref().unwrap_or_default()).map_err(|e| {
+                rpc_err(
+                    ttrpc::Code::INVALID_ARGUMENT,
+                    format!("exec process spec: {e}"),
+                )
+            })?;
+        let pid_file = bundle.join(format!("{}.pid", req.exec_id));
+        let mut opts = ExecOpts::new().pid_file(&pid_file).detach(true);
+        let mut tty = Process::new("", &p.stdin, &p.stdout, &p.stderr, p.terminal);
+        let console = if p.terminal {
+            let sock = ConsoleSocket::new()
+                .map_err(|e| rpc_err(ttrpc::Code::UNKNOWN, format!("console socket: {e}")))?;
+            opts = opts
+                .console_socket(sock.path())
+                .io(Arc::new(FifoIo::default()));
+            Some(tokio::spawn(sock.receive(CONSOLE_TIMEOUT)))
+        } else {
+            opts = opts.io(Arc::new(p.stdio.clone()));
+            None
+        };
+        drop(st);
+        if let Err(e) = runc.exec(&req.id, &spec, Some(&opts)).await {
+            if let Some(c) = console {
+                c.abort();
+            }
+            return Err(rpc_err(ttrpc::Code::UNKNOWN, describe("exec", &bundle, &e)));
+        }
+        if let Some(c) = console {
+            attach_console(&mut tty, c)
+                .await
+                .map_err(|m| rpc_err(ttrpc::Code::UNKNOWN, m))?;
+        }
+        let pid = read_pid_from_file(&pid_file)
+            .await
+            .map_err(|e| rpc_err(ttrpc::Code::UNKNOWN, e.to_string()))?;
+        let mut st = self.inner.state.lock().await;
+        let early = st.early.take(pid);
+        let c = st
+            .containers
+            .get_mut(&req.id)
+            .ok_or_else(|| not_found("container"))?;
+        let p = c
+            .execs
+            .get_mut(&req.exec_id)
+            .ok_or_else(|| not_found("exec"))?;
+        p.pid = pid;
+        p.status = TaskStatus::RUNNING;
+        p.console = tty.console.take();
+        p.stdin_closer = tty.stdin_closer.take();
+        self.publish(
+            topics::TASK_EXEC_STARTED_EVENT_TOPIC,
+            Box::new(TaskExecStarted {
+                container_id: req.id.clone(),
+                exec_id: req.exec_id.clone(),
+                pid: pid as u32,
+                ..Default::default()
+            }),
+        );
+        if let Some(code) = early {
+            p.set_exited(code as u32, timestamp().unwrap_or_default());
+        }
+        Ok(StartResponse {
+            pid: pid as u32,
+            ..Default::default()
+        })
+    }
+
+    async fn state(&self, _ctx: &TtrpcContext, req: StateRequest) -> TtrpcResult<StateResponse> {
+        let st = self.inner.state.lock().await;
+        let c = st
+            .containers
+            .get(&req.id)
+            .ok_or_else(|| not_found("container"))?;
+        let p = if req.exec_id.is_empty() {
+            &c.init
+        } else {
+            c.execs.get(&req.exec_id).ok_or_else(|| not_found("exec"))?
+        };
+        let mut r = StateResponse {
+            id: if req.exec_id.is_empty() {
+                req.id.clone()
+            } else {
+                req.exec_id.clone()
+            },
+            bundle: c.bundle.display().to_string(),
+            pid: p.pid.max(0) as u32,
+            stdin: p.stdin.clone(),
+            stdout: p.stdout.clone(),
+            stderr: p.stderr.clone(),
+            terminal: p.terminal,
+            exec_id: req.exec_id.clone(),
+            ..Default::default()
+        };
+        r.status = Self::status_of(p).into();
+        if let Some(e) = &p.exit {
+            r.exit_status = e.status;
+            r.exited_at = Some(e.at.clone()).into();
+        }
+        Ok(r)
+    }
+
+    async fn wait(&self, _ctx: &TtrpcContext, req: WaitRequest) -> TtrpcResult<WaitResponse> {
+        let rx = {
+            let st = self.inner.state.lock().await;
+            let c = st
+                .containers
+                .get(&req.id)
+                .ok_or_else(|| not_found("container"))?;
+            let p = if req.exec_id.is_empty() {
+                &c.init
+            } else {
+                c.execs.get(&req.exec_id).ok_or_else(|| not_found("exec"))?
+            };
+            p.subscribe()
+        };
+        let e = wait_exit(rx).await.ok_or_else(|| {
+            rpc_err(
+                ttrpc::Code::UNKNOWN,
+                "process went away before its exit was seen",
+            )
+        })?;
+        Ok(WaitResponse {
+            exit_status: e.status,
+            exited_at: Some(e.at).into(),
+            ..Default::default()
+        })
+    }
+
+    async fn kill(&self, _ctx: &TtrpcContext, req: KillRequest) -> TtrpcResult<Empty> {
+        let st = self.inner.state.lock().await;
+        let c = st
+            .containers
+            .get(&req.id)
+            .ok_or_else(|| not_found("container"))?;
+        if req.exec_id.is_empty() {
+            if c.init.exit.is_some() {
+                return Err(rpc_err(ttrpc::Code::NOT_FOUND, "process already finished"));
+            }
+            let runc = c.runc.clone();
+            let bundle = c.bundle.clone();
+            drop(st);
+            runc.kill(&req.id, req.signal, Some(&KillOpts { all: req.all }))
+                .await
+                .map_err(|e| rpc_err(ttrpc::Code::UNKNOWN, describe("kill", &bundle, &e)))?;
+            return Ok(Empty::new());
+        }
+        let p = c.execs.get(&req.exec_id).ok_or_else(|| not_found("exec"))?;
+        if p.exit.is_some() || p.pid <= 0 {
+            return Err(rpc_err(ttrpc::Code::NOT_FOUND, "process already finished"));
+        }
+        // SAFETY: kill(2) on a pid of a live exec process we started; no memory passed.
+        let rc = unsafe { libc::kill(p.pid, req.signal as i32) };
+        if rc != 0 {
+            return Err(rpc_err(
+                ttrpc::Code::UNKNOWN,
+                format!(
+                    "kill exec {}: {}",
+                    req.exec_id,
+                    std::io::Error::last_os_error()
+                ),
+            ));
+        }
+        Ok(Empty::new())
+    }
+
+    async fn delete(&self, _ctx: &TtrpcContext, req: DeleteRequest) -> TtrpcResult<DeleteResponse> {
+        let mut st = self.inner.state.lock().await;
+        if !req.exec_id.is_empty() {
+            let c = st
+                .containers
+                .get_mut(&req.id)
+                .ok_or_else(|| not_found("container"))?;
+            let p = c
+                .execs
+                .remove(&req.exec_id)
+                .ok_or_else(|| not_found("exec"))?;
+            let e = p.exit.clone().unwrap_or(crate::process::Exit {
+                status: 0,
+                at: timestamp().unwrap_or_default(),
+            });
+            return Ok(DeleteResponse {
+                pid: p.pid.max(0) as u32,
+                exit_status: e.status,
+                exited_at: Some(e.at).into(),
+                ..Default::default()
+            });
+        }
+        let c = st
+            .containers
+            .remove(&req.id)
+            .ok_or_else(|| not_found("container"))?;
+        drop(st);
+        if let Err(e) = c
+            .runc
+            .delete(&req.id, Some(&DeleteOpts { force: true }))
+            .await
+        {
+            warn!(id = %req.id, error = %describe("delete", &c.bundle, &e), "runc delete");
+        }
+        let rootfs = c.bundle.join("rootfs");
+        if let Err(e) = containerd_shim::mount::umount_recursive(rootfs.to_str(), 0) {
+            warn!(id = %req.id, error = %e, "unmount rootfs");
+        }
+        if let Some(s) = &c.stop_monitor {
+            let _ = s.send(true);
+        }
+        if let Some(m) = &c.monitor {
+            if let Ok(m) = m.lock() {
+                m.release();
+            }
+        }
+        let e = c.init.exit.clone().unwrap_or(crate::process::Exit {
+            status: 137,
+            at: timestamp().unwrap_or_default(),
+        });
+        self.publish(
+            topics::TASK_DELETE_EVENT_TOPIC,
+            Box::new(TaskDelete {
+                container_id: req.id.clone(),
+                id: req.id.clone(),
+                pid: c.init.pid as u32,
+                exit_status: e.status,
+                exited_at: Some(e.at.clone()).into(),
+                ..Default::default()
+            }),
+        );
+        Ok(DeleteResponse {
+            pid: c.init.pid as u32,
+            exit_status: e.status,
+            exited_at: Some(e.at).into(),
+            ..Default::default()
+        })
+    }
+
+    async fn pids(&self, _ctx: &TtrpcContext, req: PidsRequest) -> TtrpcResult<PidsResponse> {
+        let (runc, bundle) = {
+            let st = self.inner.state.lock().await;
+            let c = st
+                .containers
+                .get(&req.id)
+                .ok_or_else(|| not_found("container"))?;
+            (c.runc.clone(), c.bundle.clone())
+        };
+        let pids = runc
+            .ps(&req.id)
+            .await
+            .map_err(|e| rpc_err(ttrpc::Code::UNKNOWN, describe("ps", &bundle, &e)))?;
+        let processes = pids
+            .into_iter()
+            .map(|pid| containerd_shim::protos::types::task::ProcessInfo {
+                pid: pid as u32,
+                ..Default::default()
+            })
+            .collect();
+        Ok(PidsResponse {
+            processes,
+            ..Default::default()
+        })
+    }
+
+    async fn pause(&self, _ctx: &TtrpcContext, req: PauseRequest) -> TtrpcResult<Empty> {
+        let mut st = self.inner.state.lock().await;
+        let c = st
+            .containers
+            .get_mut(&req.id)
+            .ok_or_else(|| not_found("container"))?;
+        c.runc
+            .pause(&req.id)
+            .await
+            .map_err(|e| rpc_err(ttrpc::Code::UNKNOWN, describe("pause", &c.bundle, &e)))?;
+        c.init.status = TaskStatus::PAUSED;
+        self.publish(
+            topics::TASK_PAUSED_EVENT_TOPIC,
+            Box::new(TaskPaused {
+                container_id: req.id.clone(),
+                ..Default::default()
+            }),
+        );
+        Ok(Empty::new())
+    }
+
+    async fn resume(&self, _ctx: &TtrpcContext, req: ResumeRequest) -> TtrpcResult<Empty> {
+        let mut st = self.inner.state.lock().await;
+        let c = st
+            .containers
+            .get_mut(&req.id)
+            .ok_or_else(|| not_found("container"))?;
+        c.runc
+            .resume(&req.id)
+            .await
+            .map_err(|e| rpc_err(ttrpc::Code::UNKNOWN, describe("resume", &c.bundle, &e)))?;
+        c.init.status = TaskStatus::RUNNING;
+        self.publish(
+            topics::TASK_RESUMED_EVENT_TOPIC,
+            Box::new(TaskResumed {
+                container_id: req.id.clone(),
+                ..Default::default()
+            }),
+        );
+        Ok(Empty::new())
+    }
+
+    async fn exec(&self, _ctx: &TtrpcContext, req: ExecProcessRequest) -> TtrpcResult<Empty> {
+        let mut st = self.inner.state.lock().await;
+        let c = st
+            .containers
+            .get_mut(&req.id)
+            .ok_or_else(|| not_found("container"))?;
+        if c.execs.contains_key(&req.exec_id) {
+            return Err(rpc_err(
+                ttrpc::Code::ALREADY_EXISTS,
+                format!("exec {} already exists", req.exec_id),
+            ));
+        }
+        let mut p = Process::new(
+            &req.exec_id,
+            &req.stdin,
+            &req.stdout,
+            &req.stderr,
+            req.terminal,
+        );
+        p.spec = Some(
+            req.spec
+                .as_ref()
+                .map(|a| a.value.clone())
+                .unwrap_or_default(),
+        );
+        c.execs.insert(req.exec_id.clone(), p);
+        self.publish(
+            topics::TASK_EXEC_ADDED_EVENT_TOPIC,
+            Box::new(TaskExecAdded {
+                container_id: req.id.clone(),
+                exec_id: req.exec_id.clone(),
+                ..Default::default()
+            }),
+        );
+        Ok(Empty::new())
+    }
+
+    async fn resize_pty(&self, _ctx: &TtrpcContext, req: ResizePtyRequest) -> TtrpcResult<Empty> {
+        let st = self.inner.state.lock().await;
+        let c = st
+            .containers
+            .get(&req.id)
+            .ok_or_else(|| not_found("container"))?;
+        let p = if req.exec_id.is_empty() {
+            &c.init
+        } else {
+            c.execs.get(&req.exec_id).ok_or_else(|| not_found("exec"))?
+        };
+        let master = p.console.as_ref().ok_or_else(|| {
+            rpc_err(
+                ttrpc::Code::FAILED_PRECONDITION,
+                "process has no TTY (created without terminal=true)",
+            )
+        })?;
+        resize(master, req.width, req.height)
+            .map_err(|e| rpc_err(ttrpc::Code::UNKNOWN, format!("resize pty: {e}")))?;
+        Ok(Empty::new())
+    }
+
+    async fn close_io(&self, _ctx: &TtrpcContext, req: CloseIORequest) -> TtrpcResult<Empty> {
+        // Without a TTY the container reads containerd's stdin FIFO directly and sees EOF
+        // when containerd closes it. With a TTY the shim copies stdin and holds a writer
+        // on the FIFO: drop it so the copy loop sees EOF.
+        let mut st = self.inner.state.lock().await;
+        let c = st
+            .containers
+            .get_mut(&req.id)
+            .ok_or_else(|| not_found("container"))?;
+        let p = if req.exec_id.is_empty() {
+            &mut c.init
+        } else {
+            c.execs
+                .get_mut(&req.exec_id)
+                .ok_or_else(|| not_found("exec"))?
+        };
+        if req.stdin {
+            p.stdin_closer = None;
+        }
+        Ok(Empty::new())
+    }
+
+    async fn update(&self, _ctx: &TtrpcContext, req: UpdateTaskRequest) -> TtrpcResult<Empty> {
+        let raw = req
+            .resources
+            .as_ref()
+            .map(|a| a.value.clone())
+            .unwrap_or_default();
+        let res: oci_spec::runtime::LinuxResources = serde_json::from_slice(&raw).map_err(|e| {
+            rpc_err(
+                ttrpc::Code::INVALID_ARGUMENT,
+                format!("update resources: {e}"),
+            )
+        })?;
+        let st = self.inner.state.lock().await;
+        let c = st
+            .containers
+            .get(&req.id)
+            .ok_or_else(|| not_found("container"))?;
+        c.runc
+            .update(&req.id, &res)
+            .await
+            .map_err(|e| rpc_err(ttrpc::Code::UNKNOWN, describe("update", &c.bundle, &e)))?;
+        if let Some(m) = &c.monitor {
+            if let Ok(mut m) = m.lock() {
+                if let Err(e) = m.rebase(self.inner.clock.elapsed()) {
+                    warn!(id = %req.id, error = %e, "rebase elastic quota after update");
+                }
+            }
+        }
+        Ok(Empty::new())
+    }
+
+    async fn stats(&self, _ctx: &TtrpcContext, req: StatsRequest) -> TtrpcResult<StatsResponse> {
+        let st = self.inner.state.lock().await;
+        let c = st
+            .containers
+            .get(&req.id)
+            .ok_or_else(|| not_found("container"))?;
+        let m = c.monitor.as_ref().ok_or_else(|| {
+            rpc_err(
+                ttrpc::Code::UNAVAILABLE,
+                "no cgroup found for this container",
+            )
+        })?;
+        let m = m
+            .lock()
+            .map_err(|_| rpc_err(ttrpc::Code::INTERNAL, "monitor lock poisoned"))?;
+        let any = metrics_any(m.io()).map_err(|e| rpc_err(ttrpc::Code::UNKNOWN, e.to_string()))?;
+        Ok(StatsResponse {
+            stats: Some(any).into(),
+            ..Default::default()
+        })
+    }
+
+    async fn connect(
+        &self,
+        _ctx: &TtrpcContext,
+        req: ConnectRequest,
+    ) -> TtrpcResult<ConnectResponse> {
+        let st = self.inner.state.lock().await;
+        let pid = st.containers.get(&req.id).map(|c| c.init.pid).unwrap_or(0);
+        Ok(ConnectResponse {
+            shim_pid: std::process::id(),
+            task_pid: pid.max(0) as u32,
+            version: "weenv-v1".into(),
+            ..Default::default()
+        })
+    }
+
+    async fn shutdown(&self, _ctx: &TtrpcContext, _req: ShutdownRequest) -> TtrpcResult<Empty> {
+        let st = self.inner.state.lock().await;
+        if st.containers.is_empty() {
+            self.inner.exit.signal();
+        }
+        Ok(Empty::new())
+    }
+}
