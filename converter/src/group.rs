@@ -205,21 +205,34 @@ pub fn convert_tar(
     opts: &WriterOptions,
 ) -> Result<(PathBuf, LayerSummary), GroupCmdError> {
     let reader = open_tar(input)?;
-    let out = scratch.join(format!(
-        "layer-{}.weenv",
-        input
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default()
-    ));
+    let out = scratch_file(scratch, "layer-", ".weenv")?;
     let f = File::create(&out).map_err(io_err(format!("creating {}", out.display())))?;
-    let s = write_layer(reader, BufWriter::with_capacity(1 << 20, f), opts).map_err(|source| {
-        GroupCmdError::Format {
-            what: input.display().to_string(),
-            source,
-        }
+    let mut w = BufWriter::with_capacity(1 << 20, f);
+    let s = write_layer(reader, &mut w, opts).map_err(|source| GroupCmdError::Format {
+        what: input.display().to_string(),
+        source,
     })?;
+    w.flush()
+        .map_err(io_err(format!("writing {}", out.display())))?;
     Ok((out, s))
+}
+
+/// A new, uniquely named file in `scratch` (kept; the caller removes it).
+pub fn scratch_file(scratch: &Path, prefix: &str, suffix: &str) -> Result<PathBuf, GroupCmdError> {
+    tempfile::Builder::new()
+        .prefix(prefix)
+        .suffix(suffix)
+        .tempfile_in(scratch)
+        .map_err(io_err(format!(
+            "creating a scratch file in {}",
+            scratch.display()
+        )))?
+        .into_temp_path()
+        .keep()
+        .map_err(|e| GroupCmdError::Io {
+            context: "keeping a scratch file".into(),
+            source: e.error,
+        })
 }
 
 fn weenv_descriptor(s: &LayerSummary) -> Descriptor {
@@ -412,7 +425,7 @@ pub async fn create_group(
         GroupSource::Dir(dir) => {
             let (dir, scratch, opts) = (dir.clone(), scratch.to_path_buf(), opts.clone());
             let l = blocking(move || {
-                let tarpath = scratch.join("group-dir.tar");
+                let tarpath = scratch_file(&scratch, "group-dir-", ".tar")?;
                 let f = File::create(&tarpath)
                     .map_err(io_err(format!("creating {}", tarpath.display())))?;
                 tar_dir(&dir, BufWriter::new(f))?;

@@ -16,7 +16,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use thiserror::Error;
-use weenv_format::group::{GroupKind, Platform};
+use weenv_format::group::GroupKind;
 use weenv_format::patch::{
     apply, is_symlink, parse_patch, ApplyReport, DirTarget, FileState, MemTree, Patch, PatchError,
     PatchTarget, MODE_SYMLINK,
@@ -417,24 +417,25 @@ pub async fn mutate_group(
     })
     .await
     .map_err(|e| MutateError::Tar(std::io::Error::other(e)))??;
-    let tar_path = scratch.join("mutation.tar");
+    let tar_path = crate::group::scratch_file(scratch, "mutation-", ".tar")?;
     std::fs::write(&tar_path, &tar).map_err(MutateError::Tar)?;
     let gspec = crate::group::GroupSpec {
         kind: GroupKind::Other("mutation".into()),
         name: spec.name.clone(),
         fragment: Default::default(),
-        platform: Some(base.config.platform.clone()).or_else(|| Some(Platform::host())),
+        platform: Some(base.config.platform.clone()),
     };
     let report = crate::group::create_group(
         client,
-        &crate::group::GroupSource::Tar(tar_path),
+        &crate::group::GroupSource::Tar(tar_path.clone()),
         &gspec,
         target,
         scratch,
         opts,
     )
-    .await?;
-    Ok((report, summary))
+    .await;
+    let _ = std::fs::remove_file(&tar_path);
+    Ok((report?, summary))
 }
 
 #[cfg(test)]
