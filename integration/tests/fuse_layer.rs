@@ -344,3 +344,34 @@ fn root_lists_layers_and_remove_readd_work() -> Result<()> {
     ensure!(st.len() == 2 && st.iter().all(|s| s.entries >= 1), "{st:?}");
     Ok(())
 }
+
+#[test]
+#[ignore = "needs root and /dev/fuse"]
+fn identical_frames_are_shared_across_layers() -> Result<()> {
+    let fx = Fixture::new(Fixture::strict(), false)?;
+    let big = noise(9, 3 << 20);
+    let mut b = tar::Builder::new(Vec::new());
+    add_file(&mut b, "a/big.bin", &big, 0o644, 0, 0)?;
+    let la = TestLayer::new(fx.dir.path(), "a", &b.into_inner()?)?;
+    let mut b = tar::Builder::new(Vec::new());
+    add_file(&mut b, "somewhere/else/copy.bin", &big, 0o600, 1, 1)?;
+    let lb = TestLayer::new(fx.dir.path(), "b", &b.into_inner()?)?;
+    ensure!(la.digest != lb.digest);
+    let (da, db) = (fx.add(&la)?, fx.add(&lb)?);
+    ensure!(std::fs::read(da.join("a/big.bin"))? == big);
+    let before = lb.source.requests().len();
+    ensure!(std::fs::read(db.join("somewhere/else/copy.bin"))? == big);
+    let after = lb.source.requests();
+    // Only frames that differ (the one holding the tar header) may be fetched from b.
+    let fetched: u64 = after[before..].iter().map(|(_, l)| l).sum();
+    println!(
+        "second layer fetched {fetched} bytes in {} requests for a {}-byte file",
+        after.len() - before,
+        big.len()
+    );
+    ensure!(
+        fetched < (big.len() as u64) / 4,
+        "payload frames came from the shared cache"
+    );
+    Ok(())
+}
