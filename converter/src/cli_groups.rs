@@ -65,6 +65,10 @@ pub struct CreateArgs {
     /// Scratch directory for converted layers (default: a temp dir).
     #[arg(long)]
     scratch: Option<PathBuf>,
+    /// --dir: clamp file mtimes to this epoch second for reproducible digests
+    /// (default: $SOURCE_DATE_EPOCH if set).
+    #[arg(long)]
+    mtime: Option<u64>,
 }
 
 #[derive(Args)]
@@ -212,6 +216,11 @@ pub async fn run_group(
                     labels,
                 },
                 platform: platform_of(platform)?,
+                mtime_clamp: a.mtime.or_else(|| {
+                    std::env::var("SOURCE_DATE_EPOCH")
+                        .ok()
+                        .and_then(|v| v.parse().ok())
+                }),
             };
             let target = parse_ref(&a.push)?;
             let (scratch, _guard) = scratch_dir(a.scratch)?;

@@ -85,6 +85,9 @@ pub struct GroupSpec {
     pub fragment: ConfigFragment,
     /// Default: the source image's platform, else this host's.
     pub platform: Option<Platform>,
+    /// Directory sources: clamp file mtimes to this (seconds since the epoch), so rebuilding
+    /// the same content gives the same layer digest (`SOURCE_DATE_EPOCH` convention).
+    pub mtime_clamp: Option<u64>,
 }
 
 /// One layer ready to publish.
@@ -130,12 +133,12 @@ pub fn parse_layer_range(s: &str) -> Result<Range<usize>, GroupCmdError> {
     }
 }
 
-/// Write a deterministic tar of `dir` (depth-first in sorted name order, owner 0:0, modes and
-/// mtimes kept; sockets and devices skipped).
-pub fn tar_dir(dir: &Path, out: impl Write) -> Result<(), GroupCmdError> {
+/// Write a deterministic tar of `dir` (depth-first in sorted name order, owner 0:0, modes kept,
+/// mtimes kept or clamped to `mtime_clamp`; sockets and devices skipped).
+pub fn tar_dir(dir: &Path, out: impl Write, mtime_clamp: Option<u64>) -> Result<(), GroupCmdError> {
     let mut b = tar::Builder::new(out);
     b.follow_symlinks(false);
-    add_dir(&mut b, dir, Path::new(""))?;
+    add_dir(&mut b, dir, Path::new(""), mtime_clamp)?;
     b.into_inner()
         .and_then(|mut w| w.flush())
         .map_err(io_err("finishing the tar"))
@@ -145,6 +148,7 @@ fn add_dir<W: Write>(
     b: &mut tar::Builder<W>,
     root: &Path,
     rel: &Path,
+    mtime_clamp: Option<u64>,
 ) -> Result<(), GroupCmdError> {
     let abs = root.join(rel);
     let mut names: Vec<_> = std::fs::read_dir(&abs)
@@ -158,6 +162,9 @@ fn add_dir<W: Write>(
         let m = std::fs::symlink_metadata(&p).map_err(io_err(format!("stat {}", p.display())))?;
         let mut h = tar::Header::new_gnu();
         h.set_metadata_in_mode(&m, tar::HeaderMode::Complete);
+        if let Some(c) = mtime_clamp {
+            h.set_mtime(h.mtime().unwrap_or(0).min(c));
+        }
         h.set_uid(0);
         h.set_gid(0);
         let ctx = format!("adding {} to the tar", p.display());
@@ -169,7 +176,7 @@ fn add_dir<W: Write>(
             h.set_size(0);
             b.append_data(&mut h, &r, std::io::empty())
                 .map_err(io_err(ctx))?;
-            add_dir(b, root, &r)?;
+            add_dir(b, root, &r, mtime_clamp)?;
         } else if m.is_file() {
             let f = File::open(&p).map_err(io_err(ctx.clone()))?;
             b.append_data(&mut h, &r, f).map_err(io_err(ctx))?;
@@ -424,11 +431,12 @@ pub async fn create_group(
     let (layers, inherited, src_platform) = match source {
         GroupSource::Dir(dir) => {
             let (dir, scratch, opts) = (dir.clone(), scratch.to_path_buf(), opts.clone());
+            let clamp = spec.mtime_clamp;
             let l = blocking(move || {
                 let tarpath = scratch_file(&scratch, "group-dir-", ".tar")?;
                 let f = File::create(&tarpath)
                     .map_err(io_err(format!("creating {}", tarpath.display())))?;
-                tar_dir(&dir, BufWriter::new(f))?;
+                tar_dir(&dir, BufWriter::new(f), clamp)?;
                 let (p, s) = convert_tar(&tarpath, &scratch, &opts)?;
                 let _ = std::fs::remove_file(&tarpath);
                 Ok(prepared_from_file(p, &s))
@@ -602,10 +610,17 @@ mod tests {
         std::fs::write(d.path().join("a.txt"), "a\n").unwrap();
         std::os::unix::fs::symlink("a.txt", d.path().join("z-link")).unwrap();
         let mut t1 = Vec::new();
-        tar_dir(d.path(), &mut t1).unwrap();
+        tar_dir(d.path(), &mut t1, None).unwrap();
         let mut t2 = Vec::new();
-        tar_dir(d.path(), &mut t2).unwrap();
+        tar_dir(d.path(), &mut t2, None).unwrap();
         assert_eq!(t1, t2);
+        // clamped mtimes: touching a file changes nothing
+        let mut c1 = Vec::new();
+        tar_dir(d.path(), &mut c1, Some(1000)).unwrap();
+        std::fs::write(d.path().join("a.txt"), "a\n").unwrap();
+        let mut c2 = Vec::new();
+        tar_dir(d.path(), &mut c2, Some(1000)).unwrap();
+        assert_eq!(c1, c2);
         let mut ar = tar::Archive::new(&t1[..]);
         let names: Vec<String> = ar
             .entries()

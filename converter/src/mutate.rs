@@ -424,6 +424,7 @@ pub async fn mutate_group(
         name: spec.name.clone(),
         fragment: Default::default(),
         platform: Some(base.config.platform.clone()),
+        mtime_clamp: None,
     };
     let report = crate::group::create_group(
         client,

@@ -91,6 +91,7 @@ async fn compose_bench(tmp: &Path) -> Result<Vec<(String, f64, f64)>> {
         name: name.into(),
         fragment: ConfigFragment::default(),
         platform: None,
+        mtime_clamp: None,
     };
     create_group(
         &client,

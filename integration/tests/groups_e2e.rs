@@ -73,6 +73,7 @@ fn spec(kind: GroupKind, name: &str, fragment: ConfigFragment) -> GroupSpec {
         name: name.into(),
         fragment,
         platform: None,
+        mtime_clamp: None,
     }
 }
 

@@ -92,6 +92,7 @@ async fn setup(lazy: bool) -> Result<Env> {
         name: name.into(),
         fragment: ConfigFragment::default(),
         platform: None,
+        mtime_clamp: None,
     };
     // The base group reuses the layers of an already converted weenv image: mounted across
     // repositories, not re-uploaded (groups sharing layers share blobs).
