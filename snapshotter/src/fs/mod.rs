@@ -218,7 +218,7 @@ impl Filesystem for WeenvFs {
         if plan.layer.first_touch(plan.node) {
             self.touch_dir_of(&plan.layer, plan.node);
         }
-        if let Some(data) = self.st.read_from_memory(&plan) {
+        if let Some(data) = self.st.read_from_cache(&plan) {
             self.st
                 .metrics
                 .read_bytes_served

@@ -309,17 +309,29 @@ impl FsState {
         })
     }
 
-    /// The bytes of `plan` if every frame is in memory (no I/O; for the FUSE thread).
-    pub fn read_from_memory(&self, plan: &ReadPlan) -> Option<Vec<u8>> {
+    /// The bytes of `plan` if every frame is cached locally (L1, or L2 on local disk: the
+    /// FUSE thread may do local I/O, as the kernel would with passthrough). `None` sends the
+    /// read to the async path, which counts the misses.
+    pub fn read_from_cache(&self, plan: &ReadPlan) -> Option<Vec<u8>> {
         let mut data = Vec::with_capacity(plan.frames.len());
+        let (mut l1, mut l2) = (0, 0);
         for idx in &plan.frames {
             let f = plan.layer.toc.frames.get(idx.0 as usize)?;
-            data.push(self.store.l1().get(&f.digest)?);
+            if let Some(b) = self.store.l1().get(&f.digest) {
+                l1 += 1;
+                data.push(b);
+            } else if self.store.l2().contains(&f.digest) {
+                let b = self.store.l2().get(&f.digest, f.ulen).ok()??;
+                self.store.l1().insert(f.digest.clone(), b.clone());
+                l2 += 1;
+                data.push(b);
+            } else {
+                return None;
+            }
         }
-        self.metrics.l1_hits.fetch_add(
-            plan.frames.len() as u64,
-            std::sync::atomic::Ordering::Relaxed,
-        );
+        self.metrics.l1_hits.fetch_add(l1, Ordering::Relaxed);
+        self.metrics.l1_misses.fetch_add(l2, Ordering::Relaxed);
+        self.metrics.l2_hits.fetch_add(l2, Ordering::Relaxed);
         assemble(&plan.chunks, &plan.frames, &data).ok()
     }
 
