@@ -267,6 +267,54 @@ async fn scenario(lazy: bool) -> Result<()> {
     );
     let tree_init = std::fs::read_to_string(out_init.join("tree"))?;
 
+    // the same through the `weenv run` command line
+    let out_cli = e.tmp.path().join("out-cli");
+    std::fs::create_dir_all(&out_cli)?;
+    let o = std::process::Command::new(weenv_integration::util::workspace_bin("weenv")?)
+        .arg("--config")
+        .arg(e.tmp.path().join("no-such-config.toml"))
+        .arg("run")
+        .arg(e.tmp.path().join("init.toml"))
+        .args([
+            "--image",
+            &format!("{}/weenv/env:cli", e.host),
+            "--plain-http",
+        ])
+        .arg("--address")
+        .arg(e.ctd.address())
+        .args([
+            "--namespace",
+            e.ctd.namespace(),
+            "--snapshotter",
+            snap,
+            "--id",
+            "mut-cli",
+        ])
+        .arg("--cache-dir")
+        .arg(e.tmp.path().join("cache"))
+        .arg("--mount")
+        .arg(format!(
+            "type=bind,src={},dst=/out,options=rbind:rw",
+            out_cli.display()
+        ))
+        .args(["--", "/bin/sh", "-c", LIST])
+        .output()?;
+    ensure!(
+        o.status.success(),
+        "weenv run: {}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    ensure!(
+        String::from_utf8_lossy(&o.stderr).contains("mutation"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    ensure!(
+        std::fs::read_to_string(out_cli.join("tree"))? == tree_init,
+        "CLI run differs"
+    );
+
     // at init from a blob in the image's repository (`weenv-convert plan push-patch`)
     let o = std::process::Command::new(weenv_integration::util::workspace_bin("weenv-convert")?)
         .args(["--plain-http", &e.host, "plan", "push-patch"])
@@ -391,13 +439,13 @@ async fn scenario(lazy: bool) -> Result<()> {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "needs root, containerd, runc, docker-registry, skopeo, umoci, weenv-convert built"]
+#[ignore = "needs root, containerd, runc, docker-registry, skopeo, umoci, weenv and weenv-convert built"]
 async fn at_init_mutation_with_stock_overlayfs() -> Result<()> {
     scenario(false).await
 }
 
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "needs root, containerd, runc, fuse, docker-registry, skopeo, umoci, weenv-snapshotter"]
+#[ignore = "needs root, containerd, runc, fuse, docker-registry, skopeo, umoci, weenv-snapshotter, weenv, weenv-convert built"]
 async fn at_init_mutation_with_weenv_snapshotter() -> Result<()> {
     scenario(true).await
 }
