@@ -576,4 +576,37 @@ mod tests {
         assert!(src2.requests().is_empty(), "served from L2 after restart");
         assert_eq!(fx2.metrics.l2_hits.load(Ordering::Relaxed), 1);
     }
+
+    #[tokio::test]
+    async fn source_errors_fail_the_read_and_are_retried() {
+        let (fx, blob) = fixture(None);
+        let src = MemSource::new(Vec::new()); // every range is past the end
+        let s: Arc<dyn BlobSource> = src.clone();
+        let err = fx
+            .store
+            .get_frames(
+                &fx.toc.frames,
+                &s,
+                &[FrameIdx(0), FrameIdx(1)],
+                Priority::OnDemand,
+            )
+            .await
+            .unwrap_err();
+        assert!(matches!(err, FetchError::Source { .. }), "{err}");
+        assert!(fx.store.inflight.lock().is_empty(), "claims released");
+        assert_eq!(fx.metrics.range_request_errors.load(Ordering::Relaxed), 1);
+        *src.data.lock() = blob;
+        let ok = fx
+            .store
+            .get_frames(
+                &fx.toc.frames,
+                &s,
+                &[FrameIdx(0), FrameIdx(1)],
+                Priority::OnDemand,
+            )
+            .await
+            .unwrap();
+        assert_eq!(ok.len(), 2);
+        assert_eq!(src.requests().len(), 2);
+    }
 }
