@@ -148,6 +148,11 @@ fn memory_growth_completes_elastic_and_is_oom_killed_fixed() -> Result<()> {
         stdout(&o)
     );
     assert!(env.changes("m-fixed")?.is_empty());
+    let st = env.status("m-fixed")?;
+    assert!(
+        st["reason"].as_str().unwrap_or("").contains("OOM-killed"),
+        "kernel OOM kill reported in status.json: {st}"
+    );
     println!("memory growth to 400 MiB: elastic completed in {elastic_s:.2} s; fixed OOM-killed after {fixed_s:.2} s");
     Ok(())
 }

@@ -321,10 +321,13 @@ impl Ledger {
         Ok(r)
     }
 
-    /// Reads the ledger under a shared lock.
+    /// Reads the ledger under a shared lock; entries of dead shims are left out (the next
+    /// transaction removes them from the file).
     pub fn read(&self) -> Result<LedgerFile, LedgerError> {
         let _lock = self.lock(false)?;
-        self.load()
+        let mut f = self.load()?;
+        f.reap(|pid, start| process_start(pid) == Some(start));
+        Ok(f)
     }
 
     /// Admits a container owned by this shim process.

@@ -71,8 +71,14 @@ fn file_ledger_is_shared_and_reaps_dead_pids() {
     })
     .unwrap();
     let f = l.read().unwrap();
-    assert!(f.entries.contains_key("ns/ghost"));
+    assert!(!f.entries.contains_key("ns/ghost"), "reads skip dead shims");
+    assert!(std::fs::read_to_string(l.path())
+        .unwrap()
+        .contains("ns/ghost"));
     l.transact(|_| ()).unwrap();
+    assert!(!std::fs::read_to_string(l.path())
+        .unwrap()
+        .contains("ns/ghost"));
     let f = l.read().unwrap();
     assert!(!f.entries.contains_key("ns/ghost"));
     assert_eq!(f.entries["ns/a"].shim_pid, std::process::id());

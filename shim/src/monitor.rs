@@ -90,6 +90,10 @@ pub struct Monitor {
     ledger_stamp: Option<(std::time::SystemTime, u64)>,
     ledger_cache: LedgerFile,
     started: Duration,
+    /// OOM events seen so far / not yet reported.
+    oom_seen: Option<u64>,
+    oom_new: bool,
+    oom_total: u64,
 }
 
 impl Monitor {
@@ -156,6 +160,9 @@ impl Monitor {
             ledger_stamp: None,
             ledger_cache: LedgerFile::default(),
             started: now,
+            oom_seen: None,
+            oom_new: false,
+            oom_total: 0,
             cfg,
         })
     }
@@ -168,6 +175,32 @@ impl Monitor {
     }
     pub fn is_elastic(&self) -> bool {
         self.current.cpu.is_some() || self.current.mem.is_some()
+    }
+
+    /// Samples once more (at exit) and reports whether new OOM events appeared.
+    pub fn final_oom_check(&mut self, now: Duration) -> bool {
+        if let Ok(s) = self.io.sample(now) {
+            self.note_oom(s.oom_events);
+        }
+        self.take_new_oom()
+    }
+
+    fn note_oom(&mut self, events: u64) {
+        if let Some(n) = self.oom_seen.filter(|n| events > *n) {
+            self.oom_new = true;
+            self.oom_total += events - n;
+        }
+        self.oom_seen = Some(events);
+    }
+
+    /// OOM events the kernel reported since the monitor started.
+    pub fn oom_total(&self) -> u64 {
+        self.oom_total
+    }
+
+    /// True once after the kernel reported new OOM events (for a `/tasks/oom` event).
+    pub fn take_new_oom(&mut self) -> bool {
+        std::mem::take(&mut self.oom_new)
     }
 
     /// Removes this container from the node ledger.
@@ -220,6 +253,7 @@ impl Monitor {
     /// One sample-decide-apply round at monotonic time `now`.
     pub fn round(&mut self, now: Duration) -> Result<Outcome, MonitorError> {
         let s = self.io.sample(now)?;
+        self.note_oom(s.oom_events);
         self.samples.push_back(s);
         while self.samples.len() > 2 && now.saturating_sub(self.samples[0].at) > self.keep {
             self.samples.pop_front();

@@ -23,7 +23,7 @@ use containerd_shim::asynchronous::publisher::RemotePublisher;
 use containerd_shim::asynchronous::{spawn, ExitSignal, Shim};
 use containerd_shim::monitor::{Subject, Topic};
 use containerd_shim::protos::events::task::{
-    TaskCreate, TaskDelete, TaskExecAdded, TaskExecStarted, TaskExit, TaskIO, TaskPaused,
+    TaskCreate, TaskDelete, TaskExecAdded, TaskExecStarted, TaskExit, TaskIO, TaskOOM, TaskPaused,
     TaskResumed, TaskStart,
 };
 use containerd_shim::protos::protobuf::MessageDyn;
@@ -227,6 +227,26 @@ impl TaskService {
                 if let Some(s) = c.stop_monitor.take() {
                     let _ = s.send(true);
                 }
+                let now = self.inner.clock.elapsed();
+                let (oom, oom_total) = match c.monitor.as_ref().map(|m| m.lock()) {
+                    Some(Ok(mut m)) => (m.final_oom_check(now), m.oom_total()),
+                    _ => (false, 0),
+                };
+                if oom_total > 0 && c.terminated.is_none() {
+                    c.status.reason = Some(format!(
+                        "the kernel OOM-killed {oom_total} process(es) at the memory limit; \
+                         init exit status {code}"
+                    ));
+                }
+                if oom {
+                    self.publish(
+                        topics::TASK_OOM_EVENT_TOPIC,
+                        Box::new(TaskOOM {
+                            container_id: c.id.clone(),
+                            ..Default::default()
+                        }),
+                    );
+                }
                 c.status.state = if c.terminated.is_some() {
                     "terminated"
                 } else {
@@ -296,10 +316,20 @@ impl TaskService {
                     break;
                 }
                 let now = svc.inner.clock.elapsed();
-                let out = match mon.lock() {
-                    Ok(mut m) => m.round(now),
+                let (out, oom) = match mon.lock() {
+                    Ok(mut m) => (m.round(now), m.take_new_oom()),
                     Err(_) => break,
                 };
+                if oom {
+                    warn!(id = %id, "the kernel reported an OOM event in the container");
+                    svc.publish(
+                        topics::TASK_OOM_EVENT_TOPIC,
+                        Box::new(TaskOOM {
+                            container_id: id.clone(),
+                            ..Default::default()
+                        }),
+                    );
+                }
                 match out {
                     Ok(Outcome::Continue) => {}
                     Ok(Outcome::Terminate(reason)) => {
