@@ -1,13 +1,15 @@
 //! Writing images: [`Sink`] puts blobs and manifests into a registry repository (skipping
 //! blobs the registry has, mounting them across repositories of the same registry, uploading
-//! in chunks from local files) or into an OCI layout directory (blobs moved or copied in,
-//! `index.json` updated under the tag, replacing an earlier image of that tag).
+//! small blobs in one PUT and large ones in chunks streamed from local files) or into an OCI
+//! layout directory (blobs moved or copied in, `index.json` updated under the tag, replacing
+//! an earlier image of that tag).
 
 use crate::location::ImageLocation;
 use crate::source::{layout_blob_path, read_layout_index, LocalBlob, REF_NAME};
 use crate::ConvertError;
 use bytes::Bytes;
 use std::collections::BTreeMap;
+use std::io::Read as _;
 use std::path::{Path, PathBuf};
 use tokio::io::{AsyncReadExt, AsyncSeekExt};
 use weenv_format::Digest;
@@ -149,6 +151,14 @@ impl Sink {
                     if client.mount_blob(reference, from, d).await? {
                         return Ok(Put::Mounted);
                     }
+                }
+                if blob.len <= *upload_chunk as u64 {
+                    // Small blob: one monolithic PUT (POST + PUT) from memory.
+                    let mut bytes = Vec::with_capacity(blob.len as usize);
+                    blob.open()?.read_to_end(&mut bytes).map_err(|e| {
+                        ConvertError::io(format!("reading {}", blob.path.display()), e)
+                    })?;
+                    return Ok(client.push_blob(reference, d, bytes.into()).await?.into());
                 }
                 let mut f = tokio::fs::File::open(&blob.path)
                     .await

@@ -1,6 +1,6 @@
 //! A converted image is an ordinary image for stock containerd: busybox is pushed to a private
 //! registry, converted registry-to-registry by `weenv-convert` (config blob mounted across
-//! repositories), pulled by a private stock containerd with the default overlayfs snapshotter
+//! repositories, the layer uploaded in chunks), pulled by a private stock containerd with the default overlayfs snapshotter
 //! (`ctr images pull --plain-http`) and run with `ctr run`. Then `inspect` through a counting
 //! proxy reads each weenv layer's TOC with exactly one ranged GET and no full blob GET, and a
 //! re-conversion into another repository mounts every blob instead of uploading it.
@@ -36,8 +36,34 @@ async fn stock_containerd_pulls_and_runs_converted_image() -> Result<()> {
     let client = client(&[host.clone()])?;
     let src = format!("{host}/busybox:1");
     let dst = format!("{host}/busybox-weenv:1");
-    let report = convert(&client, &src, &dst).await?;
+    // Through a counting proxy, with 256 KiB upload chunks: the ~1 MiB layer goes up in
+    // several PATCHes (chunked upload) and the config is mounted from the source repository.
+    let proxy = CountingProxy::start(reg.addr())?;
+    let pclient = client_for(&proxy.host())?;
+    let opts = weenv_converter::ConvertOptions {
+        upload_chunk: 256 << 10,
+        ..Default::default()
+    };
+    let report = convert_with(
+        &pclient,
+        &format!("{}/busybox:1", proxy.host()),
+        &format!("{}/busybox-weenv:1", proxy.host()),
+        &opts,
+    )
+    .await?;
     ensure!(report.manifests.len() == 1 && !report.manifests[0].layers.is_empty());
+    let layer_size = report.manifests[0].layers[0].size;
+    let reqs = proxy.stats().requests();
+    let patches = reqs.iter().filter(|r| r.method == "PATCH").count() as u64;
+    ensure!(
+        patches == layer_size.div_ceil(256 << 10),
+        "{patches} PATCHes for a {layer_size}-byte layer: {reqs:#?}"
+    );
+    ensure!(
+        reqs.iter()
+            .any(|r| r.method == "POST" && r.path.contains("mount=") && r.status == 201),
+        "config not mounted: {reqs:#?}"
+    );
 
     // Converting again into the same repository pushes nothing new and gives the same digest.
     let again = convert(&client, &src, &dst).await?;
@@ -63,8 +89,6 @@ async fn stock_containerd_pulls_and_runs_converted_image() -> Result<()> {
     ensure!(info.contains(&dst), "image not listed: {info}");
 
     // TOC of every layer through a counting proxy: one ranged GET each, no full blob GET.
-    let proxy = CountingProxy::start(reg.addr())?;
-    let pclient = client_for(&proxy.host())?;
     let pref = format!("{}/busybox-weenv:1", proxy.host());
     proxy.stats().clear();
     let layers = inspect_image(&pclient, &ImageLocation::parse(&pref)?, None).await?;

@@ -31,6 +31,23 @@ pub async fn convert(client: &Client, src: &str, dst: &str) -> Result<ImageRepor
     .await?)
 }
 
+/// Convert `src` to `dst` with `opts`.
+pub async fn convert_with(
+    client: &Client,
+    src: &str,
+    dst: &str,
+    opts: &ConvertOptions,
+) -> Result<ImageReport> {
+    Ok(convert_image(
+        client,
+        &ImageLocation::parse(src)?,
+        &ImageLocation::parse(dst)?,
+        opts,
+        Arc::new(NoProgress),
+    )
+    .await?)
+}
+
 /// `DIR/blobs/sha256/<hex>` of a digest string.
 pub fn blob_path(layout: &Path, digest: &str) -> PathBuf {
     layout
