@@ -33,7 +33,7 @@ async fn stock_containerd_pulls_and_runs_converted_image() -> Result<()> {
     let img = images::busybox()?;
     images::push_oci_layout(&img, &format!("{host}/busybox:1"))?;
 
-    let client = client(&[host.clone()])?;
+    let client = client(std::slice::from_ref(&host))?;
     let src = format!("{host}/busybox:1");
     let dst = format!("{host}/busybox-weenv:1");
     // Through a counting proxy, with 256 KiB upload chunks: the ~1 MiB layer goes up in
