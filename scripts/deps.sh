@@ -39,6 +39,10 @@ weenv_install_deps() {
   # Kernel modules used by the tests; best effort (built in on some kernels, absent in some VMs).
   "${sudo[@]}" modprobe fuse 2>/dev/null || true
   "${sudo[@]}" modprobe overlay 2>/dev/null || true
+  # rustup's default location, for shells that did not source ~/.cargo/env (CI runners, sudo).
+  if ! command -v cargo >/dev/null && [ -x "${CARGO_HOME:-$HOME/.cargo}/bin/cargo" ]; then
+    export PATH="${CARGO_HOME:-$HOME/.cargo}/bin:$PATH"
+  fi
   if ! command -v cargo >/dev/null; then
     echo "deps.sh: cargo not found on PATH; install a Rust toolchain (rustup, >= 1.80) with rustfmt and clippy" >&2
     return 1

@@ -6,6 +6,9 @@
 # Extra arguments for the test harness: WEENV_TEST_ARGS (e.g. "--test-threads=1").
 set -uo pipefail
 cd "$(dirname "$0")/.."
+if ! command -v cargo >/dev/null && [ -x "${CARGO_HOME:-$HOME/.cargo}/bin/cargo" ]; then
+  export PATH="${CARGO_HOME:-$HOME/.cargo}/bin:$PATH"
+fi
 
 failed=()
 step() {
