@@ -27,7 +27,7 @@
 use crate::cache::{CacheError, DiskCache, MemoryCache};
 use crate::fetch::fill::run_fill;
 use crate::fetch::plan::PlanLimits;
-use crate::fetch::{BlobSource, FillConfig, FillState, FrameStore};
+use crate::fetch::{BlobSource, FillConfig, FillShared, FillState, FrameStore};
 use crate::fs::layer::{Layer, ROOT_INO};
 use crate::fs::ops::{FsState, Layers};
 use crate::fs::passthrough::Passthrough;
@@ -120,6 +120,7 @@ pub struct LayerStore {
     session: Mutex<Option<BackgroundSession>>,
     notifier: Option<Notifier>,
     fills: Mutex<HashMap<Digest, JoinHandle<()>>>,
+    fill_budget: Arc<FillShared>,
 }
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> LayerError + '_ {
@@ -203,11 +204,12 @@ impl LayerStore {
             "weenv FUSE session mounted"
         );
         Ok(Arc::new(LayerStore {
-            cfg,
             st,
             session: Mutex::new(Some(session)),
             notifier,
             fills: Mutex::new(HashMap::new()),
+            fill_budget: Arc::new(FillShared::new(cfg.fill.concurrency)),
+            cfg,
         }))
     }
 
@@ -270,6 +272,7 @@ impl LayerStore {
                     layer.source.clone(),
                     self.cfg.fill.clone(),
                     layer.fill.clone(),
+                    self.fill_budget.clone(),
                 ));
                 fills.insert(digest.clone(), h);
             }

@@ -148,6 +148,26 @@ pub fn batches(toc: &Toc, missing: &[FrameIdx], batch_bytes: u64) -> Vec<Vec<Fra
     out
 }
 
+/// The node-wide fill budget, shared by the fills of all layers: `concurrency` requests in
+/// flight and `rate_limit_bytes_per_sec` apply per node, not per layer (after a restart every
+/// layer refills at once).
+pub struct FillShared {
+    slots: tokio::sync::Semaphore,
+    sent: AtomicU64,
+    started: Instant,
+}
+
+impl FillShared {
+    /// A budget of `concurrency` concurrent fill requests.
+    pub fn new(concurrency: usize) -> Self {
+        FillShared {
+            slots: tokio::sync::Semaphore::new(concurrency.max(1)),
+            sent: AtomicU64::new(0),
+            started: Instant::now(),
+        }
+    }
+}
+
 /// Fills one layer; returns when every frame is in L2 or has failed 3 times.
 pub async fn run_fill(
     store: Arc<FrameStore>,
@@ -155,6 +175,7 @@ pub async fn run_fill(
     source: Arc<dyn BlobSource>,
     cfg: FillConfig,
     progress: Arc<FillProgress>,
+    shared: Arc<FillShared>,
 ) {
     progress
         .frames_total
@@ -167,17 +188,15 @@ pub async fn run_fill(
     progress
         .frames_done
         .store((toc.frames.len() - missing.len()) as u64, Ordering::Relaxed);
-    let started = Instant::now();
-    let sent = Arc::new(AtomicU64::new(0));
     let work = batches(&toc, &missing, cfg.batch_bytes);
     let failed = futures::stream::iter(work)
         .map(|batch| {
-            let (store, toc, source, progress, sent) = (
+            let (store, toc, source, progress, shared) = (
                 store.clone(),
                 toc.clone(),
                 source.clone(),
                 progress.clone(),
-                sent.clone(),
+                shared.clone(),
             );
             let rate = cfg.rate_limit_bytes_per_sec;
             async move {
@@ -188,19 +207,23 @@ pub async fn run_fill(
                     .sum();
                 let mut last = None;
                 for attempt in 0..3u32 {
+                    let Ok(slot) = shared.slots.acquire().await else {
+                        return true; // semaphore closed: shutting down
+                    };
                     store.wait_demand_idle().await;
                     let wait = pace(
-                        sent.fetch_add(bytes, Ordering::Relaxed),
+                        shared.sent.fetch_add(bytes, Ordering::Relaxed),
                         rate,
-                        started.elapsed(),
+                        shared.started.elapsed(),
                     );
                     if !wait.is_zero() {
                         tokio::time::sleep(wait).await;
                     }
-                    match store
+                    let res = store
                         .get_frames(&toc.frames, &source, &batch, Priority::Fill)
-                        .await
-                    {
+                        .await;
+                    drop(slot);
+                    match res {
                         Ok(_) => {
                             progress
                                 .frames_done
@@ -317,6 +340,7 @@ mod tests {
             s.clone(),
             cfg,
             progress.clone(),
+            Arc::new(FillShared::new(2)),
         ));
         while progress.state() != FillState::Running {
             tokio::task::yield_now().await;

@@ -15,7 +15,7 @@ pub mod source;
 #[cfg(test)]
 pub(crate) mod testutil;
 
-pub use fill::{FillConfig, FillProgress, FillState};
+pub use fill::{FillConfig, FillProgress, FillShared, FillState};
 pub use frames::{FrameStore, Priority};
 pub use source::{BlobSource, CountingSource, FileBlobSource, RegistryBlobSource};
 
