@@ -1,6 +1,8 @@
 //! Background fill: fetch every frame of a layer that is not on disk yet, in blob order,
 //! off the critical path.
 //!
+//! Concurrency and rate are a node-wide budget ([`FillShared`]), shared by all layers.
+//!
 //! Priority: before each request the fill waits until no on-demand or read-ahead fetch is in
 //! flight ([`FrameStore::wait_demand_idle`]), so a FUSE read never queues behind fill traffic
 //! for longer than the fill requests already sent. Concurrency is bounded
@@ -23,9 +25,10 @@ use weenv_format::{FrameIdx, Toc};
 pub struct FillConfig {
     /// Fill layers in the background after they are added. Default: true.
     pub enabled: bool,
-    /// Concurrent fill requests per layer. Default: 2.
+    /// Concurrent fill requests on the node (all layers together). Default: 2.
     pub concurrency: usize,
-    /// Fill rate limit in (compressed) bytes per second; 0 = unlimited. Default: 0.
+    /// Fill rate limit of the node in (compressed) bytes per second; 0 = unlimited.
+    /// Default: 0.
     pub rate_limit_bytes_per_sec: u64,
     /// Compressed bytes per fill request. Default: 4 MiB.
     pub batch_bytes: u64,
