@@ -166,9 +166,11 @@ for i in $(seq "$RUNS"); do
     d="$W/run-ovl-$i"; start_stack "$d" true; C="ctr -a $d/ctd.sock"
     b0=$(rx); t0=$(now)
     $C images pull -q --plain-http "$REG/bench:gz" >/dev/null
+    tp=$(now)
     $C run --rm "$REG/bench:gz" c1 python3 -c "$CMD" >/dev/null
     t1=$(now); b1=$(rx)
     R[ovl_start]+="$(echo "$t1 - $t0" | bc) "; R[ovl_bytes]+="$((b1 - b0)) "
+    R[ovl_pull]+="$(echo "$tp - $t0" | bc) "; R[ovl_run]+="$(echo "$t1 - $tp" | bc) "
     # warm reads + find on native overlayfs
     drop_caches; R[ovl_seq]+="$($C run --rm "$REG/bench:gz" c2 python3 -c "$READ_PY" seq) "
     drop_caches; R[ovl_rand]+="$($C run --rm "$REG/bench:gz" c3 python3 -c "$READ_PY" rand) "
@@ -196,9 +198,11 @@ for i in $(seq "$RUNS"); do
     d="$W/run-weenvnofill-$i"; start_stack "$d" false; C="ctr -a $d/ctd.sock"
     b0=$(rx); t0=$(now)
     "$BIN/weenv" --config "$d/snap.toml" pull -a "$d/ctd.sock" -n default --plain-http "$REG/bench:weenv" >/dev/null
+    tp=$(now)
     $C run --rm --snapshotter weenv "$REG/bench:weenv" c1 python3 -c "$CMD" >/dev/null
     t1=$(now); b1=$(rx)
     R[nofill_start]+="$(echo "$t1 - $t0" | bc) "; R[nofill_bytes]+="$((b1 - b0)) "
+    R[nofill_pull]+="$(echo "$tp - $t0" | bc) "; R[nofill_run]+="$(echo "$t1 - $tp" | bc) "
     stop_stack "$d"
 
     # (c) worst case, cold: pull + read every file
@@ -222,6 +226,8 @@ row "pull + '$CMD' cold (s)" "$(m ovl_start)" "$(m weenv_start)" "$(m ovl_start)
 row "bytes received for that (MB)" "$(echo "scale=1; $(m ovl_bytes)/1000000" | bc)" "$(echo "scale=1; $(m weenv_bytes)/1000000" | bc)" "$(m weenv_bytes) / $(m ovl_bytes)"
 row "  same, weenv with background fill off (s)" "$(m ovl_start)" "$(m nofill_start)" "$(m ovl_start) / $(m nofill_start)"
 row "  bytes received, fill off (MB)" "$(echo "scale=1; $(m ovl_bytes)/1000000" | bc)" "$(echo "scale=1; $(m nofill_bytes)/1000000" | bc)" "$(m nofill_bytes) / $(m ovl_bytes)"
+row "  of which pull (s)" "$(m ovl_pull)" "$(m nofill_pull)" "$(m ovl_pull) / $(m nofill_pull)"
+row "  of which first command (s)" "$(m ovl_run)" "$(m nofill_run)" "$(m ovl_run) / $(m nofill_run)"
 row "warm sequential read (MB/s)" "$(m ovl_seq)" "$(m weenv_seq)" "$(m weenv_seq) / $(m ovl_seq)"
 row "warm random 4K read (MB/s)" "$(m ovl_rand)" "$(m weenv_rand)" "$(m weenv_rand) / $(m ovl_rand)"
 row "find / -xdev | wc -l (s)" "$(m ovl_find)" "$(m weenv_find)" "$(m weenv_find) / $(m ovl_find)"

@@ -246,6 +246,19 @@ async fn lazy_pull_run_writes_and_restart() -> Result<()> {
     );
     ensure!(e.daemon.log().contains("remounted=1"), "{}", e.daemon.log());
 
+    // kill -9: the FUSE session dies with the process; the next daemon clears the dead mount,
+    // remounts from the cached TOC and new containers work.
+    e.daemon.crash_and_restart()?;
+    let mut out = Err(anyhow::anyhow!("not run"));
+    for _ in 0..20 {
+        out = run(&e, "lazy", &e.weenv, "lz4", "md5sum /bin/busybox");
+        if out.is_ok() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    }
+    ensure!(out?.contains(&host_md5), "after kill -9");
+
     // Pulling again finds the layer present and updates the image record.
     let rep = e.daemon.pull(e.ctd.address(), "lazy", &e.weenv)?;
     ensure!(rep.contains("1 present"), "{rep}");

@@ -128,6 +128,16 @@ impl Daemon {
         self.spawn()
     }
 
+    /// `kill -9` the daemon (its FUSE mount is left dead: ENOTCONN) and start it again; the new
+    /// daemon must clear the stale mount itself.
+    pub fn crash_and_restart(&mut self) -> Result<()> {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        self.spawn()
+    }
+
     /// Run the `weenv` CLI with this daemon's config; fails on a non-zero exit.
     pub fn weenv(&self, args: &[&str]) -> Result<String> {
         let o = Command::new(workspace_bin("weenv")?)
