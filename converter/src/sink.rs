@@ -183,7 +183,7 @@ impl Sink {
                 {
                     return Ok(Put::Written);
                 }
-                let tmp = path.with_extension("partial");
+                let tmp = partial_path(&path);
                 {
                     let mut r = blob.open()?;
                     let mut w = std::fs::File::create(&tmp)
@@ -241,6 +241,13 @@ impl Sink {
     }
 }
 
+/// A unique temp name next to `path` (concurrent writers of one blob never share it).
+fn partial_path(path: &Path) -> PathBuf {
+    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    path.with_extension(format!("partial-{}-{n}", std::process::id()))
+}
+
 fn empty_index() -> ImageIndex {
     ImageIndex {
         schema_version: 2,
@@ -269,7 +276,7 @@ fn write_index(dir: &Path, index: &ImageIndex) -> Result<(), ConvertError> {
 }
 
 fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), ConvertError> {
-    let tmp = path.with_extension("partial");
+    let tmp = partial_path(path);
     std::fs::write(&tmp, bytes)
         .map_err(|e| ConvertError::io(format!("writing {}", tmp.display()), e))?;
     std::fs::rename(&tmp, path)

@@ -12,6 +12,7 @@ use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use weenv_format::Digest;
 use weenv_registry::manifest::{OCI_CONFIG, OCI_INDEX, OCI_MANIFEST};
 use weenv_registry::{Client, Descriptor, ImageIndex, ImageManifest, ManifestBlob, Reference};
@@ -232,7 +233,10 @@ impl Source {
     pub async fn blob(&self, d: &Descriptor, scratch: &Path) -> Result<LocalBlob, ConvertError> {
         match self {
             Source::Registry { client, reference } => {
-                let path = scratch.join(format!("src-{}", d.digest.hex()));
+                // Unique per fetch: an image may list the same layer twice (e.g. empty layers).
+                static FETCHES: AtomicU64 = AtomicU64::new(0);
+                let n = FETCHES.fetch_add(1, Ordering::Relaxed);
+                let path = scratch.join(format!("src-{n}-{}", d.digest.hex()));
                 let mut f = tokio::fs::File::create(&path)
                     .await
                     .map_err(|e| ConvertError::io(format!("creating {}", path.display()), e))?;

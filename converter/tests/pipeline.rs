@@ -271,3 +271,37 @@ fn weenv_layers_without_annotations_are_recognised_by_their_footer() {
     // The rewritten descriptor carries the annotations again: same manifest as the first time.
     assert_eq!(r2.digest, r.digest);
 }
+
+#[test]
+fn repeated_layers_convert_to_repeated_descriptors() {
+    let tmp = tempfile::tempdir().unwrap();
+    let rt = rt();
+    let tar = tar_of(&[("a".into(), vec![3u8; 3000])]);
+    let gz = gzip(&tar);
+    let src = tmp.path().join("src");
+    let mt = "application/vnd.oci.image.layer.v1.tar+gzip";
+    layout(
+        &src,
+        "t",
+        &[(mt, gz.clone()), (mt, gz.clone()), (mt, gz)],
+        &[sha(&tar), sha(&tar), sha(&tar)],
+    );
+    let dst = tmp.path().join("dst");
+    let r = rt
+        .block_on(convert(
+            &format!("oci:{}:t", src.display()),
+            &format!("oci:{}:w", dst.display()),
+        ))
+        .unwrap();
+    let layers = &r.manifests[0].layers;
+    assert_eq!(layers.len(), 3);
+    assert!(layers.iter().all(|l| l.digest == layers[0].digest));
+    let v = rt
+        .block_on(verify_image(
+            &client(),
+            &ImageLocation::parse(&format!("oci:{}:w", dst.display())).unwrap(),
+            None,
+        ))
+        .unwrap();
+    assert!(v.iter().all(|l| l.problems.is_empty()), "{v:?}");
+}
