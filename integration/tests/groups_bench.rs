@@ -82,7 +82,7 @@ fn make_repo(root: &Path) -> Result<()> {
 async fn compose_bench(tmp: &Path) -> Result<Vec<(String, f64, f64)>> {
     let reg = LocalRegistry::start(tmp)?;
     let host = reg.host();
-    let client = Client::new(registry_config(&[host.clone()]))?;
+    let client = Client::new(registry_config(std::slice::from_ref(&host)))?;
     let scratch = tmp.join("scratch");
     std::fs::create_dir_all(&scratch)?;
     images::push_oci_layout(&images::busybox()?, &format!("{host}/src/busybox:1"))?;

@@ -150,7 +150,7 @@ async fn publish_groups() -> Result<Published> {
     let reg = LocalRegistry::start(tmp.path())?;
     let proxy = CountingProxy::start(reg.addr())?;
     let host = proxy.host();
-    let client = Client::new(registry_config(&[host.clone()]))?;
+    let client = Client::new(registry_config(std::slice::from_ref(&host)))?;
     let scratch = tmp.path().join("scratch");
     std::fs::create_dir_all(&scratch)?;
 

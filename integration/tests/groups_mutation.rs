@@ -83,7 +83,7 @@ async fn setup(lazy: bool) -> Result<Env> {
     let tmp = tempfile::tempdir()?;
     let reg = LocalRegistry::start(tmp.path())?;
     let host = reg.host();
-    let client = Client::new(registry_config(&[host.clone()]))?;
+    let client = Client::new(registry_config(std::slice::from_ref(&host)))?;
     let scratch = tmp.path().join("scratch");
     std::fs::create_dir_all(&scratch)?;
     images::push_oci_layout(&images::busybox()?, &format!("{host}/src/busybox:1"))?;
