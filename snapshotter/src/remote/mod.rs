@@ -3,7 +3,6 @@
 //!
 //! - [`probe`]: pure classification of a blob tail (weenv or not, what else to read).
 //! - [`toc_cache`]: verified TOC tails cached on disk by layer digest.
-//! - [`source`]: [`crate::fetch::BlobSource`] over the registry client.
 //! - [`provider`]: [`WeenvLayers`], the real [`LayerProvider`] (registry + FUSE layer store).
 //!
 //! containerd passes `containerd.io/snapshot.ref=<target chainID>` plus one of two label
@@ -15,7 +14,6 @@
 
 pub mod probe;
 pub mod provider;
-pub mod source;
 pub mod toc_cache;
 
 pub use provider::WeenvLayers;

@@ -7,9 +7,9 @@
 //! keyed by digest, so the same layer under any chain or image reuses the same FUSE dir.
 
 use super::probe::{classify_tail, probe_range, TailVerdict};
-use super::source::RegistryLayerSource;
 use super::toc_cache::TocCache;
 use super::{LayerProvider, MountedLayer, RemoteError, RemoteLayerRequest};
+use crate::fetch::RegistryBlobSource;
 use crate::layers::LayerStore;
 use crate::store::{LayerKind, LayerRecord, MetaStore};
 use std::sync::Arc;
@@ -75,7 +75,7 @@ impl WeenvLayers {
             .parse()
             .map_err(|e| self.reg_err(reference, d, e))?;
         let (usize_, inodes) = toc_usage(&toc);
-        let src = Arc::new(RegistryLayerSource::new(
+        let src = Arc::new(RegistryBlobSource::new(
             self.registry.clone(),
             r,
             d.clone(),
