@@ -402,6 +402,36 @@ async fn scenario(lazy: bool) -> Result<()> {
     ensure!(tree_init.contains("./run.sh 755"), "{tree_init}");
     ensure!(!tree_init.contains("obsolete"), "{tree_init}");
 
+    // a missing group fails before anything is pulled or created
+    let plan = e.tmp.path().join("missing.toml");
+    std::fs::write(
+        &plan,
+        format!(
+            "version = 1\ngroups = [\"{h}/weenv/base:1\", \"{h}/weenv/nope:1\"]\n",
+            h = e.host
+        ),
+    )?;
+    let out_missing = e.tmp.path().join("out-missing");
+    let err = run_plan(
+        &e.client,
+        &opts(
+            &e,
+            plan,
+            &format!("{}/weenv/env:missing", e.host),
+            "mut-missing",
+            snap,
+            &out_missing,
+        ),
+    )
+    .await
+    .err()
+    .context("a missing group must fail the run")?;
+    ensure!(
+        matches!(&err, RunError::Compose(c) if matches!(**c, weenv_converter::plan::PlanCmdError::MissingGroup { .. })),
+        "{err}"
+    );
+    ensure!(err.to_string().contains("weenv/nope:1 not found"), "{err}");
+
     // rejected hunk: clear error, no container left, nothing started
     let plan = write_plan(
         &e,
