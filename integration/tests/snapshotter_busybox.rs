@@ -248,6 +248,10 @@ async fn lazy_pull_run_writes_and_restart() -> Result<()> {
 
     // kill -9: the FUSE session dies with the process; the next daemon clears the dead mount,
     // remounts from the cached TOC and new containers work.
+    // The TOC cache is lost too: remount fetches the TOC again from the registry.
+    for f in std::fs::read_dir(e.daemon.root.join("state/tocs"))? {
+        std::fs::remove_file(f?.path())?;
+    }
     e.daemon.crash_and_restart()?;
     let mut out = Err(anyhow::anyhow!("not run"));
     for _ in 0..20 {
@@ -258,6 +262,11 @@ async fn lazy_pull_run_writes_and_restart() -> Result<()> {
         std::thread::sleep(std::time::Duration::from_millis(500));
     }
     ensure!(out?.contains(&host_md5), "after kill -9");
+    ensure!(
+        e.daemon.log().contains("refetching"),
+        "TOC not refetched:\n{}",
+        e.daemon.log()
+    );
 
     // Pulling again finds the layer present and updates the image record.
     let rep = e.daemon.pull(e.ctd.address(), "lazy", &e.weenv)?;

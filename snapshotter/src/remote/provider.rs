@@ -205,11 +205,32 @@ impl LayerProvider for WeenvLayers {
             .ok_or_else(|| RemoteError::NotCached {
                 digest: d.to_string(),
             })?;
-        let toc = self.tocs.get(d, rec.size).map_err(|e| RemoteError::Toc {
-            digest: d.to_string(),
-            message: e.to_string(),
-        })?;
-        self.expose(d, &rec.reference, rec.size, toc)
+        match self.tocs.get(d, rec.size) {
+            Ok(toc) => self.expose(d, &rec.reference, rec.size, toc),
+            Err(e) => {
+                // Lost or damaged cache file: fetch the TOC again from the registry.
+                info!(digest = %d, error = %e, "cached TOC unusable; refetching it");
+                let r: Reference = rec
+                    .reference
+                    .parse()
+                    .map_err(|e| self.reg_err(&rec.reference, d, e))?;
+                let (size, tail) =
+                    self.probe(&r, &rec.reference, d)
+                        .await?
+                        .ok_or_else(|| RemoteError::Toc {
+                            digest: d.to_string(),
+                            message: "the registry blob is no longer a weenv layer".into(),
+                        })?;
+                let toc = self
+                    .tocs
+                    .put(d, &tail, size)
+                    .map_err(|e| RemoteError::Toc {
+                        digest: d.to_string(),
+                        message: e.to_string(),
+                    })?;
+                self.expose(d, &rec.reference, size, toc)
+            }
+        }
     }
 
     fn release(&self, d: &Digest) -> Result<(), RemoteError> {
