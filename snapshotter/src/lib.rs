@@ -9,17 +9,22 @@
 //! - [`grpc`]: the tonic adapter serving containerd's Snapshots API on a unix socket.
 //! - [`http`] + [`status`]: `/metrics` and `/status` endpoint.
 //! - [`daemon`]: wiring (store, FUSE layer store, remount, servers).
-//! - snapshotter-fs parts: [`layers`] (FUSE layer store), [`fs`], [`cache`], [`fetch`], [`metrics`].
+//! - the lazy data path: [`layers`] (FUSE layer store), [`fs`], [`cache`], [`fetch`], [`metrics`].
 //!
 //! CLI side: [`pull`] (`weenv pull`), [`run`] (`weenv run PLAN`), [`cli`] (status/metrics client).
 
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 
+pub mod cache;
 pub mod cli;
 pub mod config;
 pub mod daemon;
+pub mod fetch;
+pub mod fs;
 pub mod grpc;
 pub mod http;
+pub mod layers;
+pub mod metrics;
 pub mod mounts;
 pub mod pull;
 pub mod remote;
@@ -27,8 +32,3 @@ pub mod run;
 pub mod service;
 pub mod status;
 pub mod store;
-pub mod cache;
-pub mod fetch;
-pub mod fs;
-pub mod layers;
-pub mod metrics;
