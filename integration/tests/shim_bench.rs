@@ -2,8 +2,9 @@
 //! elastic provisioning vs a fixed small CPU quota vs no quota.
 //!
 //! Workload: three bursts (two busy threads each, `WEENV_BENCH_ITERS` iterations per
-//! thread, default 400000) separated by 1 s idle. Quotas: elastic starts at 0.5 core
-//! (`--cpus 0.5`), fixed is 0.5 core with `io.weenv.elastic=false`, unlimited has no quota.
+//! thread, default 400000) separated by 1 s idle. Quotas: elastic starts at
+//! `WEENV_BENCH_CPUS` cores (default 0.5), fixed keeps that quota (`io.weenv.elastic=false`),
+//! unlimited has no quota.
 //! `WEENV_BENCH_RUNS` runs per mode (default 3), interleaved; medians and ratios printed.
 //! Run: `integration/bench/shim_elastic.sh`.
 
@@ -31,13 +32,17 @@ fn bursty_workload_elastic_vs_fixed_vs_unlimited() -> Result<()> {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(3);
+    let cpus: String = std::env::var("WEENV_BENCH_CPUS").unwrap_or_else(|_| "0.5".into());
+    let cpus_flag = format!("--cpus={cpus}");
     let b = burst_script(iters);
     let script = format!("{b}; sleep 1; {b}; sleep 1; {b}");
+    let elastic_name = format!("elastic (start {cpus} core)");
+    let fixed_name = format!("fixed {cpus} core");
     let modes: [(&str, Vec<&str>); 3] = [
-        ("elastic (start 0.5 core)", vec!["--rm", "--cpus=0.5"]),
+        (&elastic_name, vec!["--rm", &cpus_flag]),
         (
-            "fixed 0.5 core",
-            vec!["--rm", "--cpus=0.5", "--annotation=io.weenv.elastic=false"],
+            &fixed_name,
+            vec!["--rm", &cpus_flag, "--annotation=io.weenv.elastic=false"],
         ),
         ("unlimited", vec!["--rm"]),
     ];
