@@ -122,14 +122,14 @@ pub struct FillSection {
     /// Rate cap in bytes/second, 0 = unlimited. Default 0.
     #[serde(default)]
     pub rate_bytes_per_sec: u64,
-    /// Concurrent fill requests per layer. Default 4.
+    /// Concurrent fill requests on the node (all layers together). Default 2.
     #[serde(default = "default_fill_concurrency")]
     pub concurrency: usize,
     /// On-demand read-ahead window per file, bytes; 0 = off. Default: the layer store's (8 MiB).
     #[serde(default)]
     pub read_ahead_bytes: Option<u64>,
-    /// Frames of small files prefetched when a directory is first looked into; 0 = off.
-    /// Default: the layer store's (4).
+    /// Frames of small files prefetched on the first read of a small file in a directory;
+    /// 0 = off. Default: the layer store's (0).
     #[serde(default)]
     pub dir_prefetch_frames: Option<usize>,
 }
@@ -185,7 +185,7 @@ fn default_true() -> bool {
     true
 }
 fn default_fill_concurrency() -> usize {
-    4
+    2
 }
 fn default_fuse_threads() -> usize {
     4
