@@ -274,17 +274,37 @@ impl Monitor {
                     });
                 }
             }
+            let mut hold_mem = None;
             if let Some(t) = self.current.mem {
                 if e.granted.mem < t.value {
-                    changes.1 = Some(Change {
-                        old: t.value,
-                        new: e.granted.mem.max(t.initial),
-                        reason: Reason::Preempted,
-                    });
+                    // Memory in use cannot be taken back (v1 refuses a limit below usage
+                    // with EBUSY after reclaiming): shrink only down to what keeps the
+                    // working set under the scale-up threshold, and tell the ledger.
+                    let ws = self.samples.back().map(|s| s.mem_working_set).unwrap_or(0);
+                    let needed = (ws as f64 / self.policy.mem.scale_up_working_set) as u64;
+                    let new = e.granted.mem.max(t.initial).max(needed.min(t.value));
+                    if new < t.value {
+                        changes.1 = Some(Change {
+                            old: t.value,
+                            new,
+                            reason: Reason::Preempted,
+                        });
+                    }
+                    if new > e.granted.mem {
+                        hold_mem = Some(new);
+                    }
                 }
             }
             if changes.0.is_some() || changes.1.is_some() {
                 self.apply(now, changes.0, changes.1)?;
+            }
+            if let Some(held) = hold_mem {
+                warn!(container = %self.key, held, granted = e.granted.mem, "memory in use exceeds the preempted grant; holding it");
+                self.ledger.transact(|f| {
+                    if let Some(e) = f.entries.get_mut(&self.key) {
+                        e.granted.mem = held;
+                    }
+                })?;
             }
         }
         let ceiling = self.ledger_cache.ceiling(&self.key, &self.capacity);

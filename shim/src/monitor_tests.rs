@@ -143,3 +143,58 @@ fn preemption_shrinks_on_the_next_round() {
         "100000"
     );
 }
+
+#[test]
+fn memory_preemption_never_goes_below_the_working_set() {
+    let t = tempfile::tempdir().unwrap();
+    let (io, mut cfg, sd) = setup(t.path());
+    cfg.node.memory_bytes = 1 << 30;
+    cfg.node.reserve_fraction = 0.0;
+    let mem = io.memory.clone();
+    let mut m = Monitor::new("ns/c".into(), Box::new(io), cfg.clone(), sd, Duration::ZERO).unwrap();
+    // Working set 100 MiB of 64: emergency-free doubling twice -> 256 MiB.
+    fs::write(
+        mem.join("memory.usage_in_bytes"),
+        (100u64 << 20).to_string(),
+    )
+    .unwrap();
+    m.round(Duration::from_millis(200)).unwrap();
+    m.round(Duration::from_millis(400)).unwrap();
+    assert_eq!(m.current().mem.unwrap().value, 256 << 20);
+    // An admission of 900 MiB on a 1 GiB node takes back 132 MiB of the 192 MiB gain.
+    let ledger = Ledger::new(&cfg.node.ledger_dir);
+    let cap = node_capacity(&cfg);
+    let pid = std::process::id();
+    let start = crate::ledger::process_start(pid).unwrap();
+    ledger
+        .transact(|f| {
+            f.admit(
+                "ns/new",
+                pid,
+                start,
+                Res {
+                    cpu_m: 0,
+                    mem: 900 << 20,
+                },
+                &cap,
+                0,
+            )
+        })
+        .unwrap();
+    assert_eq!(
+        ledger.read().unwrap().entries["ns/c"].granted.mem,
+        124 << 20
+    );
+    m.round(Duration::from_millis(600)).unwrap();
+    // Shrinks to working set / 0.6 (~167 MiB), not to 124 MiB, and the ledger holds that.
+    let v = m.current().mem.unwrap().value;
+    assert_eq!(v, ((100u64 << 20) as f64 / 0.6) as u64);
+    assert_eq!(
+        fs::read_to_string(mem.join("memory.limit_in_bytes")).unwrap(),
+        v.to_string()
+    );
+    assert_eq!(ledger.read().unwrap().entries["ns/c"].granted.mem, v);
+    // Stable afterwards: no further preemption or scale-up.
+    m.round(Duration::from_millis(800)).unwrap();
+    assert_eq!(m.current().mem.unwrap().value, v);
+}
