@@ -140,6 +140,14 @@ impl Monitor {
         {
             io.write(&CgroupWrite::OomKillDisable(true))?;
         }
+        // v2 has no freeze: throttle with memory.high below memory.max so pressure shows
+        // (memory.events high, PSI) before the OOM killer acts.
+        if let (Some(t), CgroupVersion::V2) = (current.mem, io.version()) {
+            if cfg.memory.v2_high_ratio < 1.0 {
+                let high = (t.value as f64 * cfg.memory.v2_high_ratio) as u64;
+                io.write(&CgroupWrite::MemoryHigh(high))?;
+            }
+        }
         let keep = cfg
             .policy()
             .cpu

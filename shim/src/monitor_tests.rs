@@ -198,3 +198,42 @@ fn memory_preemption_never_goes_below_the_working_set() {
     m.round(Duration::from_millis(800)).unwrap();
     assert_eq!(m.current().mem.unwrap().value, v);
 }
+
+#[test]
+fn v2_sets_memory_high_and_scales_on_high_events() {
+    let t = tempfile::tempdir().unwrap();
+    let d = t.path().join("cg");
+    fs::create_dir_all(&d).unwrap();
+    for (f, v) in [
+        ("cpu.stat", "usage_usec 0\nnr_periods 0\nnr_throttled 0\n"),
+        ("cpu.max", "max 100000\n"),
+        ("memory.current", "1048576\n"),
+        ("memory.stat", "inactive_file 0\n"),
+        ("memory.events", "low 0\nhigh 0\nmax 0\noom 0\noom_kill 0\n"),
+        ("memory.max", "67108864\n"),
+        ("memory.high", "max\n"),
+    ] {
+        fs::write(d.join(f), v).unwrap();
+    }
+    let (_, mut cfg, sd) = setup(t.path());
+    cfg.node.ledger_dir = t.path().join("ledger2");
+    let io = crate::cgroup::v2::V2::new(d.clone());
+    let mut m = Monitor::new("ns/v2".into(), Box::new(io), cfg, sd, Duration::ZERO).unwrap();
+    assert!(m.current().cpu.is_none(), "no CPU limit: not scaled");
+    let high = |d: &std::path::Path| fs::read_to_string(d.join("memory.high")).unwrap();
+    assert_eq!(high(&d), (((64u64 << 20) as f64 * 0.9) as u64).to_string());
+    m.round(Duration::from_millis(200)).unwrap();
+    // The kernel throttled at memory.high 3 times: pressure -> x2.
+    fs::write(
+        d.join("memory.events"),
+        "low 0\nhigh 3\nmax 0\noom 0\noom_kill 0\n",
+    )
+    .unwrap();
+    m.round(Duration::from_millis(400)).unwrap();
+    assert_eq!(
+        fs::read_to_string(d.join("memory.max")).unwrap(),
+        (128u64 << 20).to_string()
+    );
+    assert_eq!(high(&d), (((128u64 << 20) as f64 * 0.9) as u64).to_string());
+    m.release();
+}
