@@ -39,7 +39,10 @@ pub struct ContainerdOptions {
     /// Directory holding `containerd-shim-weenv-v1`, prepended to containerd's `PATH`.
     /// `None`: [`default_shim_dir`] (the workspace `target/debug`), if the binary is there.
     pub shim_dir: Option<PathBuf>,
-    /// Default namespace for [`Containerd::ctr`]. Default `"weenv-test"`.
+    /// Default namespace for [`Containerd::ctr`]. Default: `weenv-test-<pid>-<n>`, unique per
+    /// options value, because runc's state root (`/run/containerd/runc/<ns>`) and the container
+    /// cgroups (`/<ns>/<id>`) are keyed by namespace and shared by every containerd on the node:
+    /// two tests running at once with one namespace would clash on container ids.
     pub namespace: String,
     /// Extra TOML appended verbatim to the generated config.
     pub extra_config: String,
@@ -47,12 +50,19 @@ pub struct ContainerdOptions {
     pub start_timeout: Duration,
 }
 
+/// A namespace no other test process or test in this process uses.
+pub fn unique_namespace() -> String {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("weenv-test-{}-{n}", std::process::id())
+}
+
 impl Default for ContainerdOptions {
     fn default() -> Self {
         Self {
             proxy_snapshotter: None,
             shim_dir: None,
-            namespace: "weenv-test".to_string(),
+            namespace: unique_namespace(),
             extra_config: String::new(),
             start_timeout: Duration::from_secs(30),
         }
