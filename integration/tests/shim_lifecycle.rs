@@ -25,6 +25,7 @@ fn run_prints_and_propagates_exit_code() -> Result<()> {
     let o = env.run("r2", &["--rm"], &["/bin/true"])?;
     assert_eq!(code(&o), 0);
     // stdin reaches the container (FIFO handed to runc) and its EOF ends `wc`
+    let private = env.private_annotations();
     let mut c = env
         .ctd
         .ctr_command(
@@ -33,6 +34,8 @@ fn run_prints_and_propagates_exit_code() -> Result<()> {
                 "run",
                 "--rm",
                 &format!("--runtime={RUNTIME}"),
+                &private[0],
+                &private[1],
                 env.image,
                 "r3",
                 "wc",
@@ -169,7 +172,8 @@ fn tty_run_and_exec_with_resize() -> Result<()> {
     );
     let (out, rc) = with_pty(
         &format!(
-            "{ctr} run --rm -t --runtime {RUNTIME} {} t1 sh -c 'tty; read x; echo got-$x; exit 7'",
+            "{ctr} run --rm -t --runtime {RUNTIME} {} {} t1 sh -c 'tty; read x; echo got-$x; exit 7'",
+            env.private_annotations().join(" "),
             env.image
         ),
         "hello-in\\r",
