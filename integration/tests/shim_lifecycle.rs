@@ -97,6 +97,26 @@ fn exec_kill_delete_and_task_ls() -> Result<()> {
         "/proc/1/cmdline",
     ])?;
     assert_eq!(stdout(&o), "/bin/sleep\u{0}1000\u{0}");
+    // Short execs race their exit against the pid file read: none may hang or lose its code.
+    for i in 0..10 {
+        let id = format!("short{i}");
+        let o = env.ctd.ctr(&[
+            "task",
+            "exec",
+            "--exec-id",
+            &id,
+            "d1",
+            "/bin/sh",
+            "-c",
+            &format!("exit {i}"),
+        ])?;
+        assert_eq!(
+            code(&o),
+            i,
+            "exec {id}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
     let ps = env.ctd.ctr_ok(&["task", "ps", "d1"])?;
     assert_eq!(ps.lines().count(), 2, "one process after execs ended: {ps}");
     let m = env.ctd.ctr_ok(&["task", "metrics", "d1"])?;
