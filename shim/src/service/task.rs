@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::stats::metrics_any;
+use containerd_shim::protos::shim::shim::CheckpointTaskRequest;
 
 #[async_trait]
 impl Task for TaskService {
@@ -394,6 +395,17 @@ impl Task for TaskService {
             }),
         );
         Ok(Empty::new())
+    }
+
+    async fn checkpoint(
+        &self,
+        _ctx: &TtrpcContext,
+        _req: CheckpointTaskRequest,
+    ) -> TtrpcResult<Empty> {
+        Err(rpc_err(
+            ttrpc::Code::UNIMPLEMENTED,
+            "weenv shim: checkpoint/restore is not supported",
+        ))
     }
 
     async fn resize_pty(&self, _ctx: &TtrpcContext, req: ResizePtyRequest) -> TtrpcResult<Empty> {
