@@ -26,7 +26,7 @@ use containerd_client::services::v1::{
 };
 use containerd_client::types::Descriptor as CDescriptor;
 use std::collections::{BTreeMap, HashMap};
-use std::time::Instant;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use thiserror::Error;
 use tonic::transport::Channel;
 use tonic::{Code, Request};
@@ -186,7 +186,7 @@ impl Ctd {
         }
         const CHUNK: usize = 1 << 20;
         let total = data.len() as i64;
-        let rf = format!("weenv-pull-{d}");
+        let rf = format!("weenv-pull-{}-{d}", unique());
         let mut msgs = Vec::new();
         let mut off = 0usize;
         while off < data.len() {
@@ -246,6 +246,15 @@ impl Ctd {
     }
 }
 
+/// Process id + wall-clock nanoseconds: unique across concurrent pulls on a node.
+fn unique() -> String {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    format!("{}-{nanos}", std::process::id())
+}
+
 fn cdesc(media_type: &str, digest: &str, size: u64) -> CDescriptor {
     CDescriptor {
         media_type: media_type.to_string(),
@@ -278,11 +287,7 @@ pub async fn pull(
         ns: opts.namespace.clone(),
         lease: None,
     };
-    let lease_id = format!(
-        "weenv-pull-{}-{}",
-        std::process::id(),
-        started.elapsed().as_nanos()
-    );
+    let lease_id = format!("weenv-pull-{}", unique());
     let expire = chrono::Utc::now() + chrono::Duration::hours(1);
     LeasesClient::new(c.ch.clone())
         .create(c.req(LeaseCreate {
@@ -396,7 +401,7 @@ async fn pull_leased(
             Err(s) if s.code() == Code::NotFound => {}
             Err(s) => return Err(ctd("snapshot stat")(s)),
         }
-        let key = format!("extract-weenv-{}-{} {chain}", std::process::id(), i);
+        let key = format!("extract-weenv-{}-{} {chain}", unique(), i);
         let labels = layer_labels(
             chain,
             &r.to_string(),
