@@ -378,6 +378,9 @@ impl TaskService {
     }
 
     async fn create_inner(&self, req: &CreateTaskRequest) -> Result<CreateTaskResponse, String> {
+        if !req.checkpoint.is_empty() {
+            return Err("weenv shim: restore from a checkpoint is not supported".into());
+        }
         let bundle = PathBuf::from(&req.bundle);
         let spec = oci_spec::runtime::Spec::load(bundle.join("config.json"))
             .map_err(|e| format!("read OCI spec in {}: {e}", bundle.display()))?;
