@@ -7,7 +7,8 @@
 //! - writes: new files, append to a lazily fetched lower file (copy-up), delete a lower file;
 //! - restart: stop the daemon, start it again, a new container runs from the same image with
 //!   no registry blob access;
-//! - non-weenv image through `weenv pull` (fallback: fetch + Diff.Apply + Commit).
+//! - non-weenv image through `weenv pull` (fallback: fetch + Diff.Apply + Commit);
+//! - registry settings from a containerd-style `hosts.toml` directory (ctr-remote test).
 
 mod snapshotter_common;
 
@@ -39,7 +40,9 @@ struct Env {
     weenv: String,
 }
 
-async fn setup(fill: bool) -> Result<Env> {
+/// `via_hosts_toml`: the daemon learns that the registry speaks plain HTTP from a
+/// containerd-style `hosts.toml` (`server = "http://..."`) instead of `registry.plain_http`.
+async fn setup(fill: bool, via_hosts_toml: bool) -> Result<Env> {
     require_root_and_bins(BINS)?;
     let tmp = tempfile::tempdir()?;
     let reg = LocalRegistry::start(tmp.path())?;
@@ -53,9 +56,18 @@ async fn setup(fill: bool) -> Result<Env> {
     let daemon = Daemon::start(
         &tmp.path().join("snap"),
         &DaemonOptions {
-            plain_http: vec![host.clone()],
+            plain_http: if via_hosts_toml {
+                Vec::new()
+            } else {
+                vec![host.clone()]
+            },
             fill,
             fill_extra: String::new(),
+            hosts_toml: if via_hosts_toml {
+                vec![(host.clone(), format!("server = \"http://{host}\"\n"))]
+            } else {
+                Vec::new()
+            },
         },
     )?;
     let ctd = Containerd::start(ContainerdOptions {
@@ -110,7 +122,7 @@ fn blob_bytes(p: &CountingProxy) -> u64 {
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs root, containerd, runc, fuse, docker-registry, skopeo, umoci"]
 async fn ordinary_path_with_plain_gzip_image() -> Result<()> {
-    let e = setup(true).await?;
+    let e = setup(true, false).await?;
     e.ctd.ctr_ok(&[
         "images",
         "pull",
@@ -142,7 +154,7 @@ async fn ordinary_path_with_plain_gzip_image() -> Result<()> {
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs root, containerd, runc, fuse, docker-registry, skopeo, umoci"]
 async fn lazy_pull_run_writes_and_restart() -> Result<()> {
-    let mut e = setup(false).await?;
+    let mut e = setup(false, false).await?;
     e.proxy.stats().clear();
     let rep = e.daemon.pull(e.ctd.address(), "lazy", &e.weenv)?;
     ensure!(rep.contains("1 lazy, 0 applied"), "{rep}");
@@ -296,7 +308,7 @@ async fn ctr_remote_rpull_labels_are_accepted() -> Result<()> {
         which("ctr-remote").is_some(),
         "ctr-remote (stargz-snapshotter) is not installed"
     );
-    let e = setup(true).await?;
+    let e = setup(true, true).await?;
     let sock = e.ctd.address().display().to_string();
     let o = std::process::Command::new("ctr-remote")
         .args([
@@ -322,5 +334,11 @@ async fn ctr_remote_rpull_labels_are_accepted() -> Result<()> {
     ensure!(n == 2, "rpull stored {n} blobs (layer fetched?)");
     let out = run(&e, "rp", &e.weenv, "rp1", "cat /etc/weenv")?;
     ensure!(out.contains("hello from weenv test image"), "{out}");
+    // The daemon reached the registry through its hosts.toml (plain HTTP from `server`).
+    let m = e.daemon.weenv(&["metrics"])?;
+    ensure!(
+        m.contains("weenv_remote_prepares_total{outcome=\"remote\"} 1"),
+        "{m}"
+    );
     Ok(())
 }

@@ -21,6 +21,9 @@ pub struct DaemonOptions {
     pub fill: bool,
     /// Extra lines appended to the `[fill]` section (tuning).
     pub fill_extra: String,
+    /// containerd-style `hosts.toml` files: (registry host, file text) written to
+    /// `<root>/certs.d/<host>/hosts.toml`, used as the daemon's `registry.hosts_dir`.
+    pub hosts_toml: Vec<(String, String)>,
 }
 
 /// A running `weenv-snapshotter`.
@@ -41,6 +44,11 @@ impl Daemon {
         let port = free_port()?;
         let status_addr = format!("127.0.0.1:{port}");
         let hosts: Vec<String> = opts.plain_http.iter().map(|h| format!("{h:?}")).collect();
+        let hosts_dir = root.join("certs.d");
+        for (host, text) in &opts.hosts_toml {
+            std::fs::create_dir_all(hosts_dir.join(host))?;
+            std::fs::write(hosts_dir.join(host).join("hosts.toml"), text)?;
+        }
         let cfg = format!(
             "version = 1\nroot_dir = {root:?}\nsocket = {sock:?}\nlog_level = \"info,weenv_snapshotter=debug\"\n\
              [registry]\nplain_http = [{hosts}]\nhosts_dir = {hd:?}\n\
@@ -49,7 +57,7 @@ impl Daemon {
             root = root.join("state").display().to_string(),
             sock = socket.display().to_string(),
             hosts = hosts.join(", "),
-            hd = root.join("no-hosts-dir").display().to_string(),
+            hd = hosts_dir.display().to_string(),
             fill = opts.fill,
             fill_extra = opts.fill_extra,
         );
