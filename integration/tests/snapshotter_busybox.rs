@@ -53,7 +53,12 @@ async fn setup(fill: bool, via_hosts_toml: bool) -> Result<Env> {
     images::push_oci_layout(&img, &gz)?;
     let weenv = format!("{host}/busybox:weenv");
     convert(&client(std::slice::from_ref(&host))?, &gz, &weenv).await?;
-    let daemon = Daemon::start(
+    let hosts_toml = if via_hosts_toml {
+        vec![(host.clone(), format!("server = \"http://{host}\"\n"))]
+    } else {
+        Vec::new()
+    };
+    let daemon = Daemon::start_with_hosts_toml(
         &tmp.path().join("snap"),
         &DaemonOptions {
             plain_http: if via_hosts_toml {
@@ -63,12 +68,8 @@ async fn setup(fill: bool, via_hosts_toml: bool) -> Result<Env> {
             },
             fill,
             fill_extra: String::new(),
-            hosts_toml: if via_hosts_toml {
-                vec![(host.clone(), format!("server = \"http://{host}\"\n"))]
-            } else {
-                Vec::new()
-            },
         },
+        &hosts_toml,
     )?;
     let ctd = Containerd::start(ContainerdOptions {
         proxy_snapshotter: Some(daemon.socket.clone()),

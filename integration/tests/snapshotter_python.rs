@@ -74,7 +74,6 @@ async fn python_lazy_start_and_conformance_with_overlayfs() -> Result<()> {
             plain_http: vec![reg.host(), proxy.host()],
             fill: false,
             fill_extra: std::env::var("WEENV_TEST_FILL_EXTRA").unwrap_or_default(),
-            hosts_toml: Vec::new(),
         },
     )?;
     let ctd = Containerd::start(ContainerdOptions {

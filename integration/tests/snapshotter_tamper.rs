@@ -60,7 +60,6 @@ async fn tampered_frame_is_never_served() -> Result<()> {
             plain_http: vec![host.clone()],
             fill: false,
             fill_extra: std::env::var("WEENV_TEST_FILL_EXTRA").unwrap_or_default(),
-            hosts_toml: Vec::new(),
         },
     )?;
     let ctd = Containerd::start(ContainerdOptions {

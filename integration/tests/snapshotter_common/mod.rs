@@ -21,9 +21,6 @@ pub struct DaemonOptions {
     pub fill: bool,
     /// Extra lines appended to the `[fill]` section (tuning).
     pub fill_extra: String,
-    /// containerd-style `hosts.toml` files: (registry host, file text) written to
-    /// `<root>/certs.d/<host>/hosts.toml`, used as the daemon's `registry.hosts_dir`.
-    pub hosts_toml: Vec<(String, String)>,
 }
 
 /// A running `weenv-snapshotter`.
@@ -39,13 +36,23 @@ pub struct Daemon {
 impl Daemon {
     /// Write a config under `root` and start the daemon; waits for its socket.
     pub fn start(root: &Path, opts: &DaemonOptions) -> Result<Daemon> {
+        Self::start_with_hosts_toml(root, opts, &[])
+    }
+
+    /// Like [`Daemon::start`], plus containerd-style `hosts.toml` files: (registry host, file
+    /// text) written to `<root>/certs.d/<host>/hosts.toml`, the daemon's `registry.hosts_dir`.
+    pub fn start_with_hosts_toml(
+        root: &Path,
+        opts: &DaemonOptions,
+        hosts_toml: &[(String, String)],
+    ) -> Result<Daemon> {
         std::fs::create_dir_all(root)?;
         let socket = root.join("snap.sock");
         let port = free_port()?;
         let status_addr = format!("127.0.0.1:{port}");
         let hosts: Vec<String> = opts.plain_http.iter().map(|h| format!("{h:?}")).collect();
         let hosts_dir = root.join("certs.d");
-        for (host, text) in &opts.hosts_toml {
+        for (host, text) in hosts_toml {
             std::fs::create_dir_all(hosts_dir.join(host))?;
             std::fs::write(hosts_dir.join(host).join("hosts.toml"), text)?;
         }
