@@ -100,6 +100,14 @@ impl Filesystem for WeenvFs {
         }
         // Large reads: frames are ~1 MiB.
         let _ = cfg.set_max_readahead(1 << 20);
+        // Listings come with attributes (one READDIRPLUS instead of a LOOKUP per entry:
+        // `find` over an overlay of FUSE lowers stats every entry).
+        if cfg
+            .add_capabilities(InitFlags::FUSE_DO_READDIRPLUS)
+            .is_err()
+        {
+            tracing::info!("kernel lacks READDIRPLUS; listings need a lookup per entry");
+        }
         Ok(())
     }
 
@@ -107,6 +115,11 @@ impl Filesystem for WeenvFs {
         let mut op = self.st.metrics.op(FuseOp::Lookup);
         match self.st.lookup_name(parent.0, name) {
             Ok((attr, ttl)) => reply.entry(&ttl, &attr, Generation(0)),
+            // Layer content never changes: let the kernel cache the absence (node id 0 with a
+            // timeout). overlayfs looks every name up in each lower below the one holding it.
+            Err(Errno::ENOENT) if parent.0 != ROOT_INO => {
+                reply.entry(&self.st.ttl, &ops::negative_attr(), Generation(0));
+            }
             Err(e) => {
                 if e != Errno::ENOENT {
                     op.fail();

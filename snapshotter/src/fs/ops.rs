@@ -101,6 +101,27 @@ pub fn node_attr(ino: u64, n: &Node) -> FileAttr {
     }
 }
 
+/// Attributes of a negative entry (node id 0: "no such name", cached for the entry TTL).
+pub fn negative_attr() -> FileAttr {
+    FileAttr {
+        ino: INodeNo(0),
+        size: 0,
+        blocks: 0,
+        atime: UNIX_EPOCH,
+        mtime: UNIX_EPOCH,
+        ctime: UNIX_EPOCH,
+        crtime: UNIX_EPOCH,
+        kind: FileType::RegularFile,
+        perm: 0,
+        nlink: 0,
+        uid: 0,
+        gid: 0,
+        rdev: 0,
+        blksize: 4096,
+        flags: 0,
+    }
+}
+
 /// Copies the bytes named by `chunks` out of `frames` (aligned with `idxs`) into one buffer.
 /// Pure. Chunks must be clipped (see `Entry::chunks_in`) and in file order.
 pub fn assemble(
