@@ -125,6 +125,14 @@ pub struct FillSection {
     /// Concurrent fill requests on the node (all layers together). Default 2.
     #[serde(default = "default_fill_concurrency")]
     pub concurrency: usize,
+    /// The fill sends only after on-demand fetches have been idle this long (ms). Default:
+    /// the layer store's (1000).
+    #[serde(default)]
+    pub quiet_ms: Option<u64>,
+    /// After a layer's fill, copy files of at least this many bytes out of the cache for
+    /// passthrough (disk: their size again). Default: the layer store's (262144).
+    #[serde(default)]
+    pub materialise_min_bytes: Option<u64>,
     /// On-demand read-ahead window per file, bytes; 0 = off. Default: the layer store's (8 MiB).
     #[serde(default)]
     pub read_ahead_bytes: Option<u64>,
@@ -219,6 +227,8 @@ impl Default for FillSection {
             enabled: true,
             rate_bytes_per_sec: 0,
             concurrency: default_fill_concurrency(),
+            quiet_ms: None,
+            materialise_min_bytes: None,
             read_ahead_bytes: None,
             dir_prefetch_frames: None,
         }

@@ -79,6 +79,11 @@ pub fn layer_store_config(cfg: &Config) -> LayerStoreConfig {
                 enabled: cfg.fill.enabled,
                 concurrency: cfg.fill.concurrency,
                 rate_limit_bytes_per_sec: cfg.fill.rate_bytes_per_sec,
+                quiet_ms: cfg.fill.quiet_ms.unwrap_or(d.quiet_ms),
+                materialise_min_bytes: cfg
+                    .fill
+                    .materialise_min_bytes
+                    .unwrap_or(d.materialise_min_bytes),
                 read_ahead_bytes: cfg.fill.read_ahead_bytes.unwrap_or(d.read_ahead_bytes),
                 dir_prefetch_frames: cfg
                     .fill

@@ -25,7 +25,7 @@
 //! (`remove_layer` forgets it; the kernel drops its dentries).
 
 use crate::cache::{CacheError, DiskCache, MemoryCache};
-use crate::fetch::fill::run_fill;
+use crate::fetch::fill::{run_fill, AfterFill};
 use crate::fetch::plan::PlanLimits;
 use crate::fetch::{BlobSource, FillConfig, FillShared, FillState, FrameStore};
 use crate::fs::layer::{Layer, ROOT_INO};
@@ -266,6 +266,21 @@ impl LayerStore {
         if self.cfg.fill.enabled {
             let mut fills = self.fills.lock();
             if !fills.contains_key(digest) {
+                let after: Option<AfterFill> = (self.cfg.passthrough
+                    && self.cfg.fill.materialise_min_bytes != u64::MAX)
+                    .then(|| {
+                        let (st, layer) = (self.st.clone(), layer.clone());
+                        let min = self.cfg.fill.materialise_min_bytes;
+                        Box::new(move || {
+                            if !st.passthrough.active() {
+                                return;
+                            }
+                            match st.passthrough.materialise_layer(st.store.l2(), &layer, min) {
+                                Ok(n) => tracing::debug!(layer = %layer.digest, files = n, "complete files materialised"),
+                                Err(e) => tracing::warn!(error = %e, layer = %layer.digest, "materialising complete files failed; they are copied on first open"),
+                            }
+                        }) as AfterFill
+                    });
                 let h = self.st.rt.spawn(run_fill(
                     self.st.store.clone(),
                     layer.toc.clone(),
@@ -273,6 +288,7 @@ impl LayerStore {
                     self.cfg.fill.clone(),
                     layer.fill.clone(),
                     self.fill_budget.clone(),
+                    after,
                 ));
                 fills.insert(digest.clone(), h);
             }

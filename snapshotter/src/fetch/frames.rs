@@ -20,7 +20,7 @@ use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use tokio::sync::{watch, Notify};
 use weenv_format::{Digest, Frame, FrameIdx};
 
@@ -37,6 +37,11 @@ pub enum Priority {
 
 type Slot = Option<Result<Bytes, FetchError>>;
 
+/// Quiet time still to wait at `now` when the last demand was at `last`. Pure.
+pub fn quiet_left(now: Duration, last: Duration, quiet: Duration) -> Duration {
+    (last + quiet).saturating_sub(now)
+}
+
 /// Frames from caches or sources, verified, single flight.
 pub struct FrameStore {
     l1: MemoryCache,
@@ -46,6 +51,9 @@ pub struct FrameStore {
     limits: PlanLimits,
     demand: AtomicUsize,
     demand_idle: Notify,
+    /// Milliseconds after `started` of the last on-demand/read-ahead activity (start or end
+    /// of a fetch, or [`FrameStore::note_demand`]).
+    last_demand_ms: AtomicU64,
     last_log: AtomicU64,
     started: Instant,
 }
@@ -73,6 +81,7 @@ struct DemandGuard<'a>(&'a FrameStore);
 
 impl Drop for DemandGuard<'_> {
     fn drop(&mut self) {
+        self.0.note_demand();
         if self.0.demand.fetch_sub(1, Ordering::AcqRel) == 1 {
             self.0.demand_idle.notify_waiters();
         }
@@ -96,6 +105,7 @@ impl FrameStore {
             limits,
             demand: AtomicUsize::new(0),
             demand_idle: Notify::new(),
+            last_demand_ms: AtomicU64::new(0),
             last_log: AtomicU64::new(0),
             started: Instant::now(),
         }
@@ -146,6 +156,30 @@ impl FrameStore {
                 return;
             }
             n.await;
+        }
+    }
+
+    /// Records on-demand activity now (a fetch started or ended, or a layer is about to be
+    /// used): [`wait_demand_quiet`](Self::wait_demand_quiet) counts its quiet time from here.
+    pub fn note_demand(&self) {
+        let now = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.last_demand_ms.fetch_max(now, Ordering::AcqRel);
+    }
+
+    /// Waits until no on-demand or read-ahead fetch is in flight and none started or ended
+    /// for `quiet`. A reader that misses, computes, and misses again (a program starting up)
+    /// leaves gaps of a few ms between its fetches; a fill request sent into such a gap
+    /// delays the next miss by its whole transfer time on a slow link.
+    pub async fn wait_demand_quiet(&self, quiet: Duration) {
+        loop {
+            self.wait_demand_idle().await;
+            let now = self.started.elapsed();
+            let last = Duration::from_millis(self.last_demand_ms.load(Ordering::Acquire));
+            let left = quiet_left(now, last, quiet);
+            if left.is_zero() && self.demand.load(Ordering::Acquire) == 0 {
+                return;
+            }
+            tokio::time::sleep(left.max(Duration::from_millis(1))).await;
         }
     }
 
@@ -254,6 +288,7 @@ impl FrameStore {
     ) -> Vec<(usize, Result<Bytes, FetchError>)> {
         let _demand = (prio != Priority::Fill).then(|| {
             self.demand.fetch_add(1, Ordering::AcqRel);
+            self.note_demand();
             DemandGuard(self)
         });
         let wanted: Vec<FrameIdx> = claims.iter().map(|(_, idx, _)| *idx).collect();
@@ -420,6 +455,19 @@ impl FrameStore {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn quiet_left_counts_from_last_demand() {
+        use super::quiet_left;
+        use std::time::Duration;
+        let ms = Duration::from_millis;
+        assert_eq!(quiet_left(ms(1000), ms(900), ms(500)), ms(400));
+        assert_eq!(quiet_left(ms(1000), ms(100), ms(500)), Duration::ZERO);
+        assert_eq!(
+            quiet_left(ms(1000), ms(900), Duration::ZERO),
+            Duration::ZERO
+        );
+    }
+
     use super::*;
     use crate::fetch::testutil::{build_layer, noise, tar_of, MemSource, T};
 

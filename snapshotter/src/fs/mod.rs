@@ -171,17 +171,32 @@ impl Filesystem for WeenvFs {
         if n.kind != NodeKind::File {
             return reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE);
         }
-        let l2 = self.st.store.l2();
+        // Passthrough only to a complete copy made earlier (after the fill, or in the
+        // background after an earlier open): copying a file inside open() put the copy and
+        // its fsync on the reader's critical path (start-up, first warm read).
         let complete = n.size > 0
             && self.st.passthrough.active()
-            && (self.st.passthrough.has_complete(&layer, node, n.size)
-                || layer.file_frames(node).iter().all(|i| {
-                    layer
-                        .toc
-                        .frames
-                        .get(i.0 as usize)
-                        .is_some_and(|f| l2.contains(&f.digest))
-                }));
+            && self.st.passthrough.has_complete(&layer, node, n.size);
+        if !complete && self.st.passthrough.active() && n.size >= self.st.fill.materialise_min_bytes
+        {
+            let l2 = self.st.store.l2();
+            let on_disk = layer.file_frames(node).iter().all(|i| {
+                layer
+                    .toc
+                    .frames
+                    .get(i.0 as usize)
+                    .is_some_and(|f| l2.contains(&f.digest))
+            });
+            if on_disk && self.st.passthrough.claim_materialise(ino.0) {
+                let (st, layer) = (self.st.clone(), layer.clone());
+                self.st.rt.spawn_blocking(move || {
+                    if let Err(e) = st.passthrough.materialise(st.store.l2(), &layer, node) {
+                        tracing::warn!(error = %e, layer = %layer.digest, node, "materialising a complete file failed");
+                    }
+                    st.passthrough.release_materialise(ino.0);
+                });
+            }
+        }
         match self.st.passthrough.begin_open(ino.0, complete) {
             OpenMode::Cached => self.st.passthrough.reply_cached(reply),
             OpenMode::Passthrough => {

@@ -65,6 +65,8 @@ pub struct Passthrough {
     open: Mutex<HashMap<u64, Arc<BackingId>>>,
     next_fh: AtomicU64,
     seq: AtomicU64,
+    /// Inodes being materialised in the background.
+    materialising: Mutex<std::collections::HashSet<u64>>,
 }
 
 impl Passthrough {
@@ -78,6 +80,7 @@ impl Passthrough {
             open: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
             seq: AtomicU64::new(0),
+            materialising: Mutex::new(std::collections::HashSet::new()),
         }
     }
 
@@ -134,6 +137,87 @@ impl Passthrough {
         if fs::metadata(&path).is_ok_and(|m| m.len() == n.size) {
             return Ok(Some(path));
         }
+        let Some(tmp) = self.write_temp(l2, layer, node, true)? else {
+            return Ok(None);
+        };
+        if let Err(e) = fs::rename(&tmp, &path) {
+            let _ = fs::remove_file(&tmp);
+            return Err(e);
+        }
+        Ok(Some(path))
+    }
+
+    /// Claims the background materialisation of `ino`; false if one is running.
+    pub fn claim_materialise(&self, ino: u64) -> bool {
+        self.materialising.lock().insert(ino)
+    }
+
+    /// Ends a claim of [`claim_materialise`](Self::claim_materialise).
+    pub fn release_materialise(&self, ino: u64) {
+        self.materialising.lock().remove(&ino);
+    }
+
+    /// Materialises every regular file of `layer` of at least `min_bytes` whose frames are all
+    /// in L2 and that has no complete copy yet (after the layer's fill, off the read path: the
+    /// first open of a big file then needs no copy). The copies are written, made durable
+    /// with one `syncfs`, then renamed into place (not one fsync per file). Returns how many
+    /// files were materialised.
+    pub fn materialise_layer(
+        &self,
+        l2: &DiskCache,
+        layer: &Layer,
+        min_bytes: u64,
+    ) -> std::io::Result<usize> {
+        let mut temps = Vec::new();
+        let res = (|| -> std::io::Result<()> {
+            for (node, n) in layer.table.nodes.iter().enumerate() {
+                let Ok(node) = u32::try_from(node) else {
+                    break;
+                };
+                if n.kind != super::inode::NodeKind::File
+                    || n.size == 0
+                    || n.size < min_bytes
+                    || self.has_complete(layer, node, n.size)
+                {
+                    continue;
+                }
+                if let Some(tmp) = self.write_temp(l2, layer, node, false)? {
+                    temps.push((tmp, self.complete_path(layer, node)));
+                }
+            }
+            if !temps.is_empty() {
+                let dir = File::open(self.layer_dir(layer.digest.hex()))?;
+                // SAFETY: syncfs on a valid, open descriptor; no memory is passed.
+                if unsafe { libc::syncfs(std::os::fd::AsRawFd::as_raw_fd(&dir)) } != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            for (tmp, path) in &temps {
+                fs::rename(tmp, path)?;
+            }
+            Ok(())
+        })();
+        if let Err(e) = res {
+            for (tmp, _) in &temps {
+                let _ = fs::remove_file(tmp);
+            }
+            return Err(e);
+        }
+        Ok(temps.len())
+    }
+
+    /// Writes file `node` from its pinned L2 frames to a temp file next to its complete path
+    /// (`sync`: fsync it). `Ok(None)` if some frame is not on disk.
+    fn write_temp(
+        &self,
+        l2: &DiskCache,
+        layer: &Layer,
+        node: u32,
+        sync: bool,
+    ) -> std::io::Result<Option<PathBuf>> {
+        let Some(n) = layer.table.node(node) else {
+            return Ok(None);
+        };
         let frames = layer.file_frames(node);
         let mut pins = Vec::new();
         for idx in &frames {
@@ -174,14 +258,16 @@ impl Passthrough {
                         .ok_or_else(|| std::io::Error::other("chunk outside frame"))?,
                 )?;
             }
-            out.sync_data()?;
-            fs::rename(&tmp, &path)
+            if sync {
+                out.sync_data()?;
+            }
+            Ok(())
         })();
         if let Err(e) = res {
             let _ = fs::remove_file(&tmp);
             return Err(e);
         }
-        Ok(Some(path))
+        Ok(Some(tmp))
     }
 
     /// Chooses and reserves the mode of a new open of regular file `ino` (`complete`: all
