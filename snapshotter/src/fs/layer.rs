@@ -41,6 +41,8 @@ pub struct Layer {
     touched: Box<[AtomicBool]>,
     /// Per file node: read-ahead horizon (see [`super::readahead`]).
     ra_horizon: Box<[AtomicU32]>,
+    /// Blob-order scan detection across files (see [`super::readahead::scan_step`]).
+    pub scan: parking_lot::Mutex<super::readahead::ScanState>,
 }
 
 impl Layer {
@@ -58,6 +60,7 @@ impl Layer {
             fill: Arc::new(FillProgress::default()),
             touched,
             ra_horizon: (0..table_len).map(|_| AtomicU32::new(0)).collect(),
+            scan: parking_lot::Mutex::new(super::readahead::ScanState::default()),
         }
     }
 

@@ -242,6 +242,8 @@ impl Filesystem for WeenvFs {
         if self.st.fill.read_ahead_bytes > 0 {
             let ra = self.st.read_ahead_frames(&plan);
             self.st.prefetch(plan.layer.clone(), ra);
+            let scan = self.st.scan_frames(&plan);
+            self.st.prefetch(plan.layer.clone(), scan);
         }
         if plan.layer.first_touch(plan.node) {
             self.touch_dir_of(&plan.layer, plan.node);

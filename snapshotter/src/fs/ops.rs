@@ -423,6 +423,35 @@ impl FsState {
         all[s..e].to_vec()
     }
 
+    /// Frames to prefetch when the layer is being read in blob order across files (see
+    /// [`super::readahead::scan_step`]); frames already on disk are left out.
+    pub fn scan_frames(&self, plan: &ReadPlan) -> Vec<FrameIdx> {
+        let (Some(first), Some(last)) = (
+            plan.frames.iter().map(|f| f.0).min(),
+            plan.frames.iter().map(|f| f.0).max(),
+        ) else {
+            return Vec::new();
+        };
+        let frames = &plan.layer.toc.frames;
+        let ulens: Vec<u64> = frames.iter().map(|f| f.ulen).collect();
+        let span = super::readahead::scan_step(
+            &mut plan.layer.scan.lock(),
+            first,
+            last,
+            &ulens,
+            self.fill.scan_min_frames,
+            self.fill.read_ahead_bytes,
+        );
+        let Some((s, e)) = span else {
+            return Vec::new();
+        };
+        let l2 = self.store.l2();
+        (s..e)
+            .filter(|i| frames.get(*i).is_some_and(|f| !l2.contains(&f.digest)))
+            .filter_map(|i| u32::try_from(i).ok().map(FrameIdx))
+            .collect()
+    }
+
     /// Frames of the small files of directory `dir`, in directory order, capped.
     pub fn dir_prefetch_frames(&self, layer: &Layer, dir: u32) -> Vec<FrameIdx> {
         let mut out: Vec<FrameIdx> = Vec::new();
