@@ -10,6 +10,7 @@
 #
 # Needs root, containerd, ctr, runc, docker-registry, skopeo, iproute2 (ip, tc), fuse3 and the
 # workspace binaries: cargo build -p weenv-snapshotter --bins && cargo build -p weenv-converter
+# METRICS_DIR=dir keeps each run's daemon /metrics (dir/run-<kind>-<i>.prom) for profiling.
 # Usage: integration/bench/snapshotter_lazy.sh [OCI_LAYOUT:TAG]   (default: the cached
 #        Debian+python3 test image from integration/src/images.rs)
 set -euo pipefail
@@ -119,6 +120,10 @@ EOF
     echo "stack did not start in $d" >&2; exit 1
 }
 stop_stack() { # $1 = run dir
+    if [ -n "${METRICS_DIR:-}" ]; then # keep the daemon's metrics of each run for profiling
+        mkdir -p "$METRICS_DIR"
+        "$BIN/weenv" --config "$1/snap.toml" metrics >"$METRICS_DIR/$(basename "$1").prom" 2>/dev/null || true
+    fi
     kill "$CTD_PID" 2>/dev/null; wait "$CTD_PID" 2>/dev/null || true
     umount_below "$1/ctd"
     kill "$SNAP_PID" 2>/dev/null; wait "$SNAP_PID" 2>/dev/null || true
