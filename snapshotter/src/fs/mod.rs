@@ -108,6 +108,17 @@ impl Filesystem for WeenvFs {
         {
             tracing::info!("kernel lacks READDIRPLUS; listings need a lookup per entry");
         }
+        // Layer content never changes: symlink targets may stay in the page cache (each
+        // path walk through a symlink was a READLINK), and lookups/listings in one directory
+        // may run in parallel.
+        for flag in [
+            InitFlags::FUSE_CACHE_SYMLINKS,
+            InitFlags::FUSE_PARALLEL_DIROPS,
+        ] {
+            if cfg.add_capabilities(flag).is_err() {
+                tracing::info!(?flag, "kernel lacks an optional FUSE capability");
+            }
+        }
         Ok(())
     }
 
@@ -376,6 +387,7 @@ impl Filesystem for WeenvFs {
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
         let mut op = self.st.metrics.op(FuseOp::Getxattr);
+        tracing::trace!(ino = ino.0, ?name, "getxattr");
         match self.st.getxattr(ino.0, name) {
             Ok(v) => {
                 if !xattr_reply(reply, size, &v) {
