@@ -25,11 +25,25 @@ step() {
 
 step "cargo fmt --check" cargo fmt --all -- --check
 step "cargo clippy -D warnings" cargo clippy --workspace --all-targets -- -D warnings
-# shellcheck disable=SC2086
-step "cargo test (incl. ignored)" cargo test --workspace --no-fail-fast -- --include-ignored ${WEENV_TEST_ARGS:-}
+test_log=$(mktemp)
+trap 'rm -f "$test_log"' EXIT
+run_tests() {
+  # shellcheck disable=SC2086
+  cargo test --workspace --no-fail-fast -- --include-ignored ${WEENV_TEST_ARGS:-} 2>&1 | tee "$test_log"
+}
+step "cargo test (incl. ignored)" run_tests
 
+# One closing line for the whole run (cargo prints one "test result" per test binary), last.
+summary() {
+  awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i) ~ /^passed;?$/) p += $(i-1); if ($(i) ~ /^failed;?$/) f += $(i-1) } }
+     END { printf "tests: %d passed, %d failed\n", p, f }' "$test_log"
+}
+
+if [ -n "${WEENV_TEST_SUMMARY:-}" ]; then summary > "$WEENV_TEST_SUMMARY"; fi
 if [ ${#failed[@]} -gt 0 ]; then
   printf '\nFAILED: %s\n' "${failed[*]}"
+  summary
   exit 1
 fi
 printf '\nall checks passed\n'
+summary
