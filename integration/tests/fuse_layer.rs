@@ -78,12 +78,7 @@ fn reading_a_small_file_fetches_only_its_frames() -> Result<()> {
     let layer = TestLayer::new(fx.dir.path(), "rich", &rich_tar()?)?;
     let dir = fx.add(&layer)?;
     let path = "usr/lib/python3/json/decoder.py";
-    let entry = layer
-        .toc
-        .entries
-        .iter()
-        .find(|e| e.path == path)
-        .expect("in TOC");
+    let entry = layer.entry(path);
     let frames: BTreeSet<u32> = entry.chunks.iter().map(|c| c.frame.0).collect();
     let data = std::fs::read(dir.join(path))?;
     ensure!(
@@ -126,12 +121,7 @@ fn tampered_frame_is_eio_and_repair_works() -> Result<()> {
     let layer = TestLayer::new(fx.dir.path(), "rich", &rich_tar()?)?;
     let dir = fx.add(&layer)?;
     let path = "usr/lib/python3/email/utils.py";
-    let entry = layer
-        .toc
-        .entries
-        .iter()
-        .find(|e| e.path == path)
-        .expect("in TOC");
+    let entry = layer.entry(path);
     let f = layer.toc.frames[entry.chunks[0].frame.0 as usize].clone();
     let at = f.offset + f.clen / 2;
     let blob = std::fs::OpenOptions::new()
@@ -170,12 +160,7 @@ fn first_read_prefetches_the_rest_of_the_file() -> Result<()> {
     let layer = TestLayer::new(fx.dir.path(), "rich", &rich_tar()?)?;
     let dir = fx.add(&layer)?;
     let path = "opt/deep/nested/big.bin";
-    let entry = layer
-        .toc
-        .entries
-        .iter()
-        .find(|e| e.path == path)
-        .expect("in TOC");
+    let entry = layer.entry(path);
     let frames: BTreeSet<u32> = entry.chunks.iter().map(|c| c.frame.0).collect();
     ensure!(frames.len() >= 5, "big.bin spans {} frames", frames.len());
     let f = std::fs::File::open(dir.join(path))?;

@@ -10,14 +10,7 @@ use std::os::unix::fs::{FileTypeExt, MetadataExt};
 
 fn lower_tar() -> Result<Vec<u8>> {
     let mut b = tar::Builder::new(Vec::new());
-    add_special(
-        &mut b,
-        "etc",
-        tar::EntryType::Directory,
-        None,
-        (0, 0),
-        0o755,
-    )?;
+    add_dir(&mut b, "etc")?;
     add_file(
         &mut b,
         "etc/passwd",
@@ -36,23 +29,9 @@ fn lower_tar() -> Result<Vec<u8>> {
 
 fn upper_tar() -> Result<Vec<u8>> {
     let mut b = tar::Builder::new(Vec::new());
-    add_special(
-        &mut b,
-        "etc",
-        tar::EntryType::Directory,
-        None,
-        (0, 0),
-        0o755,
-    )?;
+    add_dir(&mut b, "etc")?;
     add_file(&mut b, "etc/.wh.hosts", b"", 0o644, 0, 0)?;
-    add_special(
-        &mut b,
-        "opq",
-        tar::EntryType::Directory,
-        None,
-        (0, 0),
-        0o755,
-    )?;
+    add_dir(&mut b, "opq")?;
     add_file(&mut b, "opq/.wh..wh..opq", b"", 0o644, 0, 0)?;
     add_file(&mut b, "opq/c", b"c\n", 0o644, 0, 0)?;
     add_file(&mut b, "keep/y", b"y\n", 0o644, 0, 0)?;

@@ -61,17 +61,7 @@ impl TestLayer {
         let out = std::fs::File::create(&blob)?;
         let s = write_layer(tar, std::io::BufWriter::new(out), &opts)
             .context("converting the test tar")?;
-        let toc = weenv_format::reader::LayerReader::open(std::fs::File::open(&blob)?, None)
-            .context("reading back the TOC")?
-            .into_toc();
-        let source = Arc::new(CountingSource::new(FileBlobSource::open(&blob)?));
-        Ok(TestLayer {
-            digest: s.blob_digest,
-            toc: Arc::new(toc),
-            blob,
-            tar: tar_path,
-            source,
-        })
+        Self::open(s.blob_digest, blob, tar_path)
     }
 
     /// Converts the tar file `tar_path` into a weenv layer under `dir/name.blob`.
@@ -85,17 +75,31 @@ impl TestLayer {
             &WriterOptions::default(),
         )
         .with_context(|| format!("converting {}", tar_path.display()))?;
+        Self::open(s.blob_digest, blob, tar_path.to_path_buf())
+    }
+
+    /// Reads back the TOC of the converted `blob` and puts a counting source over it.
+    fn open(digest: Digest, blob: PathBuf, tar: PathBuf) -> Result<Self> {
         let toc = weenv_format::reader::LayerReader::open(std::fs::File::open(&blob)?, None)
             .context("reading back the TOC")?
             .into_toc();
         let source = Arc::new(CountingSource::new(FileBlobSource::open(&blob)?));
         Ok(TestLayer {
-            digest: s.blob_digest,
+            digest,
             toc: Arc::new(toc),
             blob,
-            tar: tar_path.to_path_buf(),
+            tar,
             source,
         })
+    }
+
+    /// The TOC entry of `path`; panics if the layer has none (a broken test fixture).
+    pub fn entry(&self, path: &str) -> &weenv_format::toc::Entry {
+        self.toc
+            .entries
+            .iter()
+            .find(|e| e.path == path)
+            .expect("in TOC")
     }
 
     pub fn dyn_source(&self) -> Arc<dyn BlobSource> {
@@ -393,6 +397,11 @@ pub fn add_special(
     Ok(())
 }
 
+/// Appends a root-owned 0755 directory `path`.
+pub fn add_dir(b: &mut tar::Builder<Vec<u8>>, path: &str) -> Result<()> {
+    add_special(b, path, tar::EntryType::Directory, None, (0, 0), 0o755)
+}
+
 /// Deterministic poorly compressible bytes.
 pub fn noise(seed: u64, len: usize) -> Vec<u8> {
     let mut x = seed
@@ -427,7 +436,7 @@ pub fn add_tree(b: &mut tar::Builder<Vec<u8>>, src: &Path, prefix: &str) -> Resu
             if p.file_name().is_some_and(|n| n == "__pycache__") {
                 continue;
             }
-            add_special(b, &name, tar::EntryType::Directory, None, (0, 0), 0o755)?;
+            add_dir(b, &name)?;
             n += add_tree(b, &p, &name)?;
         } else if md.is_file() {
             add_file(b, &name, &std::fs::read(&p)?, md.mode() & 0o7777, 0, 0)?;
@@ -442,22 +451,8 @@ pub fn add_tree(b: &mut tar::Builder<Vec<u8>>, src: &Path, prefix: &str) -> Resu
 /// and parent directories that only exist implicitly.
 pub fn rich_tar() -> Result<Vec<u8>> {
     let mut b = tar::Builder::new(Vec::new());
-    add_special(
-        &mut b,
-        "usr",
-        tar::EntryType::Directory,
-        None,
-        (0, 0),
-        0o755,
-    )?;
-    add_special(
-        &mut b,
-        "usr/bin",
-        tar::EntryType::Directory,
-        None,
-        (0, 0),
-        0o755,
-    )?;
+    add_dir(&mut b, "usr")?;
+    add_dir(&mut b, "usr/bin")?;
     add_file(
         &mut b,
         "usr/bin/busybox",
@@ -490,42 +485,14 @@ pub fn rich_tar() -> Result<Vec<u8>> {
         (0, 0),
         0o777,
     )?;
-    add_special(
-        &mut b,
-        "usr/lib",
-        tar::EntryType::Directory,
-        None,
-        (0, 0),
-        0o755,
-    )?;
-    add_special(
-        &mut b,
-        "usr/lib/python3",
-        tar::EntryType::Directory,
-        None,
-        (0, 0),
-        0o755,
-    )?;
+    add_dir(&mut b, "usr/lib")?;
+    add_dir(&mut b, "usr/lib/python3")?;
     for pkg in ["json", "email", "http"] {
         let src = Path::new("/usr/lib/python3.11").join(pkg);
-        add_special(
-            &mut b,
-            &format!("usr/lib/python3/{pkg}"),
-            tar::EntryType::Directory,
-            None,
-            (0, 0),
-            0o755,
-        )?;
+        add_dir(&mut b, &format!("usr/lib/python3/{pkg}"))?;
         add_tree(&mut b, &src, &format!("usr/lib/python3/{pkg}"))?;
     }
-    add_special(
-        &mut b,
-        "dev",
-        tar::EntryType::Directory,
-        None,
-        (0, 0),
-        0o755,
-    )?;
+    add_dir(&mut b, "dev")?;
     add_special(
         &mut b,
         "dev/null",
@@ -542,14 +509,7 @@ pub fn rich_tar() -> Result<Vec<u8>> {
         (8, 0),
         0o660,
     )?;
-    add_special(
-        &mut b,
-        "run",
-        tar::EntryType::Directory,
-        None,
-        (0, 0),
-        0o755,
-    )?;
+    add_dir(&mut b, "run")?;
     add_special(
         &mut b,
         "run/fifo",
