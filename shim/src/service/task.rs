@@ -5,6 +5,48 @@ use super::*;
 use crate::stats::metrics_any;
 use containerd_shim::protos::shim::shim::CheckpointTaskRequest;
 
+impl State {
+    /// The container `id`, or NOT_FOUND.
+    fn container(&self, id: &str) -> TtrpcResult<&Container> {
+        self.containers
+            .get(id)
+            .ok_or_else(|| not_found("container"))
+    }
+
+    /// The container `id` for changing, or NOT_FOUND.
+    fn container_mut(&mut self, id: &str) -> TtrpcResult<&mut Container> {
+        self.containers
+            .get_mut(id)
+            .ok_or_else(|| not_found("container"))
+    }
+}
+
+impl Container {
+    /// The init process for an empty `exec_id`, else that exec, or NOT_FOUND.
+    fn process(&self, exec_id: &str) -> TtrpcResult<&Process> {
+        if exec_id.is_empty() {
+            return Ok(&self.init);
+        }
+        self.execs.get(exec_id).ok_or_else(|| not_found("exec"))
+    }
+
+    /// [`Container::process`] for changing.
+    fn process_mut(&mut self, exec_id: &str) -> TtrpcResult<&mut Process> {
+        if exec_id.is_empty() {
+            return Ok(&mut self.init);
+        }
+        self.execs.get_mut(exec_id).ok_or_else(|| not_found("exec"))
+    }
+}
+
+/// Maps a failed runc `op` to UNKNOWN, with the reason from the bundle's runc log.
+fn runc_err<'a>(
+    op: &'a str,
+    bundle: &'a Path,
+) -> impl FnOnce(runc::error::Error) -> ttrpc::Error + 'a {
+    move |e| rpc_err(ttrpc::Code::UNKNOWN, describe(op, bundle, &e))
+}
+
 #[async_trait]
 impl Task for TaskService {
     async fn create(
@@ -21,15 +63,12 @@ impl Task for TaskService {
 
     async fn start(&self, _ctx: &TtrpcContext, req: StartRequest) -> TtrpcResult<StartResponse> {
         let mut st = self.inner.state.lock().await;
-        let c = st
-            .containers
-            .get_mut(&req.id)
-            .ok_or_else(|| not_found("container"))?;
+        let c = st.container_mut(&req.id)?;
         let runc = c.runc.clone();
         if req.exec_id.is_empty() {
             runc.start(&req.id)
                 .await
-                .map_err(|e| rpc_err(ttrpc::Code::UNKNOWN, describe("start", &c.bundle, &e)))?;
+                .map_err(runc_err("start", &c.bundle))?;
             if c.init.exit.is_none() {
                 c.init.status = TaskStatus::RUNNING;
             }
@@ -95,10 +134,7 @@ impl Task for TaskService {
             .map_err(|e| rpc_err(ttrpc::Code::UNKNOWN, e.to_string()))?;
         let mut st = self.inner.state.lock().await;
         let early = st.early.take(pid);
-        let c = st
-            .containers
-            .get_mut(&req.id)
-            .ok_or_else(|| not_found("container"))?;
+        let c = st.container_mut(&req.id)?;
         let p = c
             .execs
             .get_mut(&req.exec_id)
@@ -127,15 +163,8 @@ impl Task for TaskService {
 
     async fn state(&self, _ctx: &TtrpcContext, req: StateRequest) -> TtrpcResult<StateResponse> {
         let st = self.inner.state.lock().await;
-        let c = st
-            .containers
-            .get(&req.id)
-            .ok_or_else(|| not_found("container"))?;
-        let p = if req.exec_id.is_empty() {
-            &c.init
-        } else {
-            c.execs.get(&req.exec_id).ok_or_else(|| not_found("exec"))?
-        };
+        let c = st.container(&req.id)?;
+        let p = c.process(&req.exec_id)?;
         let mut r = StateResponse {
             id: if req.exec_id.is_empty() {
                 req.id.clone()
@@ -162,15 +191,8 @@ impl Task for TaskService {
     async fn wait(&self, _ctx: &TtrpcContext, req: WaitRequest) -> TtrpcResult<WaitResponse> {
         let rx = {
             let st = self.inner.state.lock().await;
-            let c = st
-                .containers
-                .get(&req.id)
-                .ok_or_else(|| not_found("container"))?;
-            let p = if req.exec_id.is_empty() {
-                &c.init
-            } else {
-                c.execs.get(&req.exec_id).ok_or_else(|| not_found("exec"))?
-            };
+            let c = st.container(&req.id)?;
+            let p = c.process(&req.exec_id)?;
             p.subscribe()
         };
         let e = wait_exit(rx).await.ok_or_else(|| {
@@ -188,10 +210,7 @@ impl Task for TaskService {
 
     async fn kill(&self, _ctx: &TtrpcContext, req: KillRequest) -> TtrpcResult<Empty> {
         let st = self.inner.state.lock().await;
-        let c = st
-            .containers
-            .get(&req.id)
-            .ok_or_else(|| not_found("container"))?;
+        let c = st.container(&req.id)?;
         if req.exec_id.is_empty() {
             if c.init.exit.is_some() {
                 return Err(rpc_err(ttrpc::Code::NOT_FOUND, "process already finished"));
@@ -201,7 +220,7 @@ impl Task for TaskService {
             drop(st);
             runc.kill(&req.id, req.signal, Some(&KillOpts { all: req.all }))
                 .await
-                .map_err(|e| rpc_err(ttrpc::Code::UNKNOWN, describe("kill", &bundle, &e)))?;
+                .map_err(runc_err("kill", &bundle))?;
             return Ok(Empty::new());
         }
         let p = c.execs.get(&req.exec_id).ok_or_else(|| not_found("exec"))?;
@@ -226,10 +245,7 @@ impl Task for TaskService {
     async fn delete(&self, _ctx: &TtrpcContext, req: DeleteRequest) -> TtrpcResult<DeleteResponse> {
         let mut st = self.inner.state.lock().await;
         if !req.exec_id.is_empty() {
-            let c = st
-                .containers
-                .get_mut(&req.id)
-                .ok_or_else(|| not_found("container"))?;
+            let c = st.container_mut(&req.id)?;
             let p = c
                 .execs
                 .remove(&req.exec_id)
@@ -295,16 +311,10 @@ impl Task for TaskService {
     async fn pids(&self, _ctx: &TtrpcContext, req: PidsRequest) -> TtrpcResult<PidsResponse> {
         let (runc, bundle) = {
             let st = self.inner.state.lock().await;
-            let c = st
-                .containers
-                .get(&req.id)
-                .ok_or_else(|| not_found("container"))?;
+            let c = st.container(&req.id)?;
             (c.runc.clone(), c.bundle.clone())
         };
-        let pids = runc
-            .ps(&req.id)
-            .await
-            .map_err(|e| rpc_err(ttrpc::Code::UNKNOWN, describe("ps", &bundle, &e)))?;
+        let pids = runc.ps(&req.id).await.map_err(runc_err("ps", &bundle))?;
         let processes = pids
             .into_iter()
             .map(|pid| containerd_shim::protos::types::task::ProcessInfo {
@@ -320,14 +330,11 @@ impl Task for TaskService {
 
     async fn pause(&self, _ctx: &TtrpcContext, req: PauseRequest) -> TtrpcResult<Empty> {
         let mut st = self.inner.state.lock().await;
-        let c = st
-            .containers
-            .get_mut(&req.id)
-            .ok_or_else(|| not_found("container"))?;
+        let c = st.container_mut(&req.id)?;
         c.runc
             .pause(&req.id)
             .await
-            .map_err(|e| rpc_err(ttrpc::Code::UNKNOWN, describe("pause", &c.bundle, &e)))?;
+            .map_err(runc_err("pause", &c.bundle))?;
         c.init.status = TaskStatus::PAUSED;
         self.publish(
             topics::TASK_PAUSED_EVENT_TOPIC,
@@ -341,14 +348,11 @@ impl Task for TaskService {
 
     async fn resume(&self, _ctx: &TtrpcContext, req: ResumeRequest) -> TtrpcResult<Empty> {
         let mut st = self.inner.state.lock().await;
-        let c = st
-            .containers
-            .get_mut(&req.id)
-            .ok_or_else(|| not_found("container"))?;
+        let c = st.container_mut(&req.id)?;
         c.runc
             .resume(&req.id)
             .await
-            .map_err(|e| rpc_err(ttrpc::Code::UNKNOWN, describe("resume", &c.bundle, &e)))?;
+            .map_err(runc_err("resume", &c.bundle))?;
         c.init.status = TaskStatus::RUNNING;
         self.publish(
             topics::TASK_RESUMED_EVENT_TOPIC,
@@ -362,10 +366,7 @@ impl Task for TaskService {
 
     async fn exec(&self, _ctx: &TtrpcContext, req: ExecProcessRequest) -> TtrpcResult<Empty> {
         let mut st = self.inner.state.lock().await;
-        let c = st
-            .containers
-            .get_mut(&req.id)
-            .ok_or_else(|| not_found("container"))?;
+        let c = st.container_mut(&req.id)?;
         if c.execs.contains_key(&req.exec_id) {
             return Err(rpc_err(
                 ttrpc::Code::ALREADY_EXISTS,
@@ -410,15 +411,8 @@ impl Task for TaskService {
 
     async fn resize_pty(&self, _ctx: &TtrpcContext, req: ResizePtyRequest) -> TtrpcResult<Empty> {
         let st = self.inner.state.lock().await;
-        let c = st
-            .containers
-            .get(&req.id)
-            .ok_or_else(|| not_found("container"))?;
-        let p = if req.exec_id.is_empty() {
-            &c.init
-        } else {
-            c.execs.get(&req.exec_id).ok_or_else(|| not_found("exec"))?
-        };
+        let c = st.container(&req.id)?;
+        let p = c.process(&req.exec_id)?;
         let master = p.console.as_ref().ok_or_else(|| {
             rpc_err(
                 ttrpc::Code::FAILED_PRECONDITION,
@@ -435,17 +429,8 @@ impl Task for TaskService {
         // when containerd closes it. With a TTY the shim copies stdin and holds a writer
         // on the FIFO: drop it so the copy loop sees EOF.
         let mut st = self.inner.state.lock().await;
-        let c = st
-            .containers
-            .get_mut(&req.id)
-            .ok_or_else(|| not_found("container"))?;
-        let p = if req.exec_id.is_empty() {
-            &mut c.init
-        } else {
-            c.execs
-                .get_mut(&req.exec_id)
-                .ok_or_else(|| not_found("exec"))?
-        };
+        let c = st.container_mut(&req.id)?;
+        let p = c.process_mut(&req.exec_id)?;
         if req.stdin {
             p.stdin_closer = None;
         }
@@ -465,14 +450,11 @@ impl Task for TaskService {
             )
         })?;
         let st = self.inner.state.lock().await;
-        let c = st
-            .containers
-            .get(&req.id)
-            .ok_or_else(|| not_found("container"))?;
+        let c = st.container(&req.id)?;
         c.runc
             .update(&req.id, &res)
             .await
-            .map_err(|e| rpc_err(ttrpc::Code::UNKNOWN, describe("update", &c.bundle, &e)))?;
+            .map_err(runc_err("update", &c.bundle))?;
         if let Some(m) = &c.monitor {
             if let Ok(mut m) = m.lock() {
                 if let Err(e) = m.rebase(self.inner.clock.elapsed()) {
@@ -485,10 +467,7 @@ impl Task for TaskService {
 
     async fn stats(&self, _ctx: &TtrpcContext, req: StatsRequest) -> TtrpcResult<StatsResponse> {
         let st = self.inner.state.lock().await;
-        let c = st
-            .containers
-            .get(&req.id)
-            .ok_or_else(|| not_found("container"))?;
+        let c = st.container(&req.id)?;
         let m = c.monitor.as_ref().ok_or_else(|| {
             rpc_err(
                 ttrpc::Code::UNAVAILABLE,
