@@ -411,12 +411,7 @@ pub fn build_busybox_oci_tar(work: &Path, out_tar: &Path) -> Result<()> {
     fs::create_dir_all(work)?;
     let layout = work.join("oci");
     let bundle = work.join("bundle");
-    let img = format!("{}:busybox", layout.display());
-    run(Command::new("umoci")
-        .arg("init")
-        .arg("--layout")
-        .arg(&layout))?;
-    run(Command::new("umoci").args(["new", "--image", &img]))?;
+    let img = crate::images::umoci_new(&layout, "busybox")?;
     run(Command::new("umoci")
         .args(["unpack", "--rootless", "--image", &img])
         .arg(&bundle))
@@ -440,18 +435,7 @@ pub fn build_busybox_oci_tar(work: &Path, out_tar: &Path) -> Result<()> {
     }
     let mut passwd = fs::File::create(rootfs.join("etc/passwd"))?;
     writeln!(passwd, "root:x:0:0:root:/root:/bin/sh")?;
-    run(Command::new("umoci")
-        .args(["repack", "--image", &img])
-        .arg(&bundle))?;
-    run(Command::new("umoci").args([
-        "config",
-        "--image",
-        &img,
-        "--config.cmd",
-        "/bin/sh",
-        "--config.env",
-        "PATH=/bin",
-    ]))?;
+    crate::images::umoci_repack_sh(&img, &bundle, "PATH=/bin")?;
     run(Command::new("tar")
         .arg("-C")
         .arg(&layout)

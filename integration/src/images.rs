@@ -56,34 +56,47 @@ pub fn busybox() -> Result<OciImage> {
     cached("busybox", "busybox", |dir| {
         let layout = dir.join("oci");
         let bundle = dir.join("bundle");
-        let img = format!("{}:busybox", layout.display());
-        run(Command::new("umoci")
-            .arg("init")
-            .arg("--layout")
-            .arg(&layout))?;
-        run(Command::new("umoci").args(["new", "--image", &img]))?;
+        let img = umoci_new(&layout, "busybox")?;
         run(Command::new("umoci")
             .args(["unpack", "--image", &img])
             .arg(&bundle))?;
         let rootfs = bundle.join("rootfs");
         populate_busybox(&rootfs)?;
-        run(Command::new("umoci")
-            .args(["repack", "--image", &img])
-            .arg(&bundle))?;
-        run(Command::new("umoci").args([
-            "config",
-            "--image",
-            &img,
-            "--config.cmd",
-            "/bin/sh",
-            "--config.env",
-            "PATH=/bin:/usr/bin:/sbin:/usr/sbin",
-        ]))?;
+        umoci_repack_sh(&img, &bundle, "PATH=/bin:/usr/bin:/sbin:/usr/sbin")?;
         // umoci leaves the old, unconfigured manifest blobs around; harmless. The bundle is
         // not needed any more.
         fs::remove_dir_all(&bundle).with_context(|| format!("removing {}", bundle.display()))?;
         Ok(layout)
     })
+}
+
+/// `umoci init` of the OCI layout `layout` and `umoci new` of the empty image `tag` in it;
+/// returns the `LAYOUT:TAG` image reference umoci takes.
+pub(crate) fn umoci_new(layout: &Path, tag: &str) -> Result<String> {
+    let img = format!("{}:{tag}", layout.display());
+    run(Command::new("umoci")
+        .arg("init")
+        .arg("--layout")
+        .arg(layout))?;
+    run(Command::new("umoci").args(["new", "--image", &img]))?;
+    Ok(img)
+}
+
+/// `umoci repack` of `bundle` into `img`, then sets its cmd to `/bin/sh` and its environment
+/// to `path_env` (`PATH=...`).
+pub(crate) fn umoci_repack_sh(img: &str, bundle: &Path, path_env: &str) -> Result<()> {
+    run(Command::new("umoci")
+        .args(["repack", "--image", img])
+        .arg(bundle))?;
+    run(Command::new("umoci").args([
+        "config",
+        "--image",
+        img,
+        "--config.cmd",
+        "/bin/sh",
+        "--config.env",
+        path_env,
+    ]))
 }
 
 /// Copies the host's static busybox into `rootfs` with the applets tests use.
