@@ -630,30 +630,17 @@ mod tests {
         let (fx, blob) = fixture(None);
         let src = MemSource::new(Vec::new()); // every range is past the end
         let s: Arc<dyn BlobSource> = src.clone();
-        let err = fx
-            .store
-            .get_frames(
-                &fx.toc.frames,
-                &s,
-                &[FrameIdx(0), FrameIdx(1)],
-                Priority::OnDemand,
-            )
-            .await
-            .unwrap_err();
+        let both = [FrameIdx(0), FrameIdx(1)];
+        let get = || {
+            fx.store
+                .get_frames(&fx.toc.frames, &s, &both, Priority::OnDemand)
+        };
+        let err = get().await.unwrap_err();
         assert!(matches!(err, FetchError::Source { .. }), "{err}");
         assert!(fx.store.inflight.lock().is_empty(), "claims released");
         assert_eq!(fx.metrics.range_request_errors.load(Ordering::Relaxed), 1);
         *src.data.lock() = blob;
-        let ok = fx
-            .store
-            .get_frames(
-                &fx.toc.frames,
-                &s,
-                &[FrameIdx(0), FrameIdx(1)],
-                Priority::OnDemand,
-            )
-            .await
-            .unwrap();
+        let ok = get().await.unwrap();
         assert_eq!(ok.len(), 2);
         assert_eq!(src.requests().len(), 2);
     }

@@ -34,6 +34,24 @@ pub struct WeenvFs {
     pub st: Arc<FsState>,
 }
 
+/// Walks directory `ino` from entry `offset`, handing each entry and the offset of the next
+/// one to `add` until `add` returns true (reply buffer full) or the directory ends.
+fn walk_dir(
+    st: &FsState,
+    ino: u64,
+    offset: u64,
+    mut add: impl FnMut(&ops::DirEntry, u64) -> bool,
+) -> Result<(), Errno> {
+    let mut i = offset;
+    while let Some(e) = st.dir_entry(ino, i)? {
+        if add(&e, i + 1) {
+            break;
+        }
+        i += 1;
+    }
+    Ok(())
+}
+
 fn xattr_reply(reply: ReplyXattr, size: u32, data: &[u8]) -> bool {
     if size == 0 {
         reply.size(data.len() as u32);
@@ -329,23 +347,16 @@ impl Filesystem for WeenvFs {
         mut reply: ReplyDirectory,
     ) {
         let mut op = self.st.metrics.op(FuseOp::Readdir);
-        let mut i = offset;
-        loop {
-            match self.st.dir_entry(ino.0, i) {
-                Ok(Some(e)) => {
-                    if reply.add(INodeNo(e.ino), i + 1, e.kind, &e.name) {
-                        break;
-                    }
-                    i += 1;
-                }
-                Ok(None) => break,
-                Err(e) => {
-                    op.fail();
-                    return reply.error(e);
-                }
+        let walked = walk_dir(&self.st, ino.0, offset, |e, next| {
+            reply.add(INodeNo(e.ino), next, e.kind, &e.name)
+        });
+        match walked {
+            Ok(()) => reply.ok(),
+            Err(e) => {
+                op.fail();
+                reply.error(e);
             }
         }
-        reply.ok();
     }
 
     fn readdirplus(
@@ -357,26 +368,20 @@ impl Filesystem for WeenvFs {
         mut reply: ReplyDirectoryPlus,
     ) {
         let mut op = self.st.metrics.op(FuseOp::Readdirplus);
-        let mut i = offset;
-        loop {
-            match self.st.dir_entry(ino.0, i) {
-                Ok(Some(e)) => {
-                    let Ok((attr, ttl)) = self.st.attr(e.ino) else {
-                        break;
-                    };
-                    if reply.add(INodeNo(e.ino), i + 1, &e.name, &ttl, &attr, Generation(0)) {
-                        break;
-                    }
-                    i += 1;
-                }
-                Ok(None) => break,
-                Err(e) => {
-                    op.fail();
-                    return reply.error(e);
-                }
+        let walked = walk_dir(&self.st, ino.0, offset, |e, next| {
+            // An entry whose attributes cannot be read ends the listing early.
+            let Ok((attr, ttl)) = self.st.attr(e.ino) else {
+                return true;
+            };
+            reply.add(INodeNo(e.ino), next, &e.name, &ttl, &attr, Generation(0))
+        });
+        match walked {
+            Ok(()) => reply.ok(),
+            Err(e) => {
+                op.fail();
+                reply.error(e);
             }
         }
-        reply.ok();
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
