@@ -3,7 +3,7 @@
 //! request per call, `206` expected, a `200` full body is sliced with a one-time warning).
 
 use crate::auth::repo_scope;
-use crate::client::{header_content_length, header_str, Client, Req, Target};
+use crate::client::{header_content_length, header_str, next_chunk, Client, Req, Target};
 use crate::config::Capability;
 use crate::error::RegistryError;
 use crate::reference::Reference;
@@ -222,15 +222,7 @@ impl Client {
         skip: &mut u64,
     ) -> Result<(), RegistryError> {
         let url = resp.url().to_string();
-        while let Some(chunk) = resp
-            .chunk()
-            .await
-            .map_err(|source| RegistryError::Transport {
-                method: "GET (body)".into(),
-                url: url.clone(),
-                source,
-            })?
-        {
+        while let Some(chunk) = next_chunk(&mut resp, &url).await? {
             self.stats_ref().count_received(chunk.len() as u64);
             let mut c = &chunk[..];
             if *skip > 0 {
@@ -332,15 +324,7 @@ impl Client {
         // bounded preallocation: `len` and Content-Length come from callers/servers
         let mut out = Vec::with_capacity(len.min(crate::client::MAX_PREALLOC) as usize);
         while pos < end {
-            let Some(chunk) = resp
-                .chunk()
-                .await
-                .map_err(|source| RegistryError::Transport {
-                    method: "GET (body)".into(),
-                    url: url.clone(),
-                    source,
-                })?
-            else {
+            let Some(chunk) = next_chunk(&mut resp, &url).await? else {
                 break;
             };
             self.stats_ref().count_received(chunk.len() as u64);

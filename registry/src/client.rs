@@ -394,15 +394,7 @@ impl Client {
         }
         let mut buf =
             Vec::with_capacity(resp.content_length().unwrap_or(0).min(MAX_PREALLOC) as usize);
-        while let Some(chunk) = resp
-            .chunk()
-            .await
-            .map_err(|source| RegistryError::Transport {
-                method: "GET (body)".into(),
-                url: url.clone(),
-                source,
-            })?
-        {
+        while let Some(chunk) = next_chunk(&mut resp, &url).await? {
             self.inner.stats.count_received(chunk.len() as u64);
             if (buf.len() + chunk.len()) as u64 > limit {
                 return Err(RegistryError::TooLarge {
@@ -465,6 +457,20 @@ async fn drain(resp: Response) {
 /// which is 0 for HEAD responses).
 pub(crate) fn header_content_length(h: &HeaderMap) -> Option<u64> {
     header_str(h, "content-length").and_then(|v| v.trim().parse().ok())
+}
+
+/// The next chunk of a response body (`None` at its end); a transport failure names `url`.
+pub(crate) async fn next_chunk(
+    resp: &mut Response,
+    url: &str,
+) -> Result<Option<Bytes>, RegistryError> {
+    resp.chunk()
+        .await
+        .map_err(|source| RegistryError::Transport {
+            method: "GET (body)".into(),
+            url: url.to_string(),
+            source,
+        })
 }
 
 /// A header as a string, if present and ASCII.
