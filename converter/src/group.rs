@@ -520,30 +520,22 @@ async fn publish_group(
                 let from = (src.registry() == target.registry()
                     && src.repository() != target.repository())
                 .then(|| src.repository());
-                if client
+                let exists = client
                     .head_blob(target, d)
                     .await
                     .map_err(reg_err(ctx.clone()))?
-                    .is_some()
-                {
-                    BlobPush::AlreadyExists
-                } else if let Some(from) = from {
-                    if client
+                    .is_some();
+                let mounted = match from {
+                    Some(from) if !exists => client
                         .mount_blob(target, from, d)
                         .await
-                        .map_err(reg_err(ctx.clone()))?
-                    {
-                        BlobPush::Mounted
-                    } else {
-                        let data = client
-                            .get_blob(src, d)
-                            .await
-                            .map_err(reg_err(ctx.clone()))?;
-                        client
-                            .push_blob(target, d, data)
-                            .await
-                            .map_err(reg_err(ctx))?
-                    }
+                        .map_err(reg_err(ctx.clone()))?,
+                    _ => false,
+                };
+                if exists {
+                    BlobPush::AlreadyExists
+                } else if mounted {
+                    BlobPush::Mounted
                 } else {
                     let data = client
                         .get_blob(src, d)
