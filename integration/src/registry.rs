@@ -103,6 +103,14 @@ impl LocalRegistry {
     pub fn root(&self) -> &Path {
         &self.root
     }
+
+    /// Pushes `image` (skopeo, [`crate::images::push_oci_layout`]) to this registry as
+    /// `repo_tag` (`busybox:1`); returns the full reference `127.0.0.1:PORT/repo_tag`.
+    pub fn push(&self, image: &crate::images::OciImage, repo_tag: &str) -> Result<String> {
+        let reference = format!("{}/{repo_tag}", self.host());
+        crate::images::push_oci_layout(image, &reference)?;
+        Ok(reference)
+    }
 }
 
 /// A test CA and a server certificate for 127.0.0.1 signed by it, under `dir`:

@@ -44,6 +44,28 @@ pub fn require_bins(bins: &[&str]) -> Result<()> {
     Ok(())
 }
 
+/// What an end-to-end test with a private registry, containerd and the busybox test image needs
+/// on `$PATH` (for [`require_root_and_bins`]).
+pub const E2E_BINS: &[&str] = &[
+    "containerd",
+    "ctr",
+    "runc",
+    "docker-registry",
+    "skopeo",
+    "umoci",
+];
+
+/// [`E2E_BINS`] plus `fusermount3`, for tests that also start the FUSE snapshotter.
+pub const E2E_FUSE_BINS: &[&str] = &[
+    "containerd",
+    "ctr",
+    "runc",
+    "docker-registry",
+    "skopeo",
+    "umoci",
+    "fusermount3",
+];
+
 /// Fail (not skip) unless running as root and the binaries are on `$PATH`.
 pub fn require_root_and_bins(bins: &[&str]) -> Result<()> {
     if !is_root() {

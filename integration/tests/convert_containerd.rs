@@ -14,27 +14,18 @@ use weenv_converter::ImageLocation;
 use weenv_integration::containerd::{Containerd, ContainerdOptions};
 use weenv_integration::images;
 use weenv_integration::registry::{CountingProxy, LocalRegistry};
-use weenv_integration::util::require_root_and_bins;
+use weenv_integration::util::{require_root_and_bins, E2E_BINS};
 
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs root, containerd, runc, docker-registry, skopeo, umoci"]
 async fn stock_containerd_pulls_and_runs_converted_image() -> Result<()> {
-    require_root_and_bins(&[
-        "containerd",
-        "ctr",
-        "runc",
-        "docker-registry",
-        "skopeo",
-        "umoci",
-    ])?;
+    require_root_and_bins(E2E_BINS)?;
     let tmp = tempfile::tempdir()?;
     let reg = LocalRegistry::start(tmp.path())?;
     let host = reg.host();
-    let img = images::busybox()?;
-    images::push_oci_layout(&img, &format!("{host}/busybox:1"))?;
+    let src = reg.push(&images::busybox()?, "busybox:1")?;
 
     let client = client(std::slice::from_ref(&host))?;
-    let src = format!("{host}/busybox:1");
     let dst = format!("{host}/busybox-weenv:1");
     // Through a counting proxy, with 256 KiB upload chunks: the ~1 MiB layer goes up in
     // several PATCHes (chunked upload) and the config is mounted from the source repository.

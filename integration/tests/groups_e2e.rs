@@ -24,7 +24,7 @@ use weenv_format::writer::WriterOptions;
 use weenv_integration::containerd::{Containerd, ContainerdOptions};
 use weenv_integration::images;
 use weenv_integration::registry::{CountingProxy, LocalRegistry};
-use weenv_integration::util::require_root_and_bins;
+use weenv_integration::util::{require_root_and_bins, E2E_BINS};
 use weenv_registry::Client;
 
 const CALC: &str = "def add(a, b):\n    return a + b\n\n\ndef mul(a, b):\n    return a * b\n";
@@ -331,14 +331,7 @@ fn check_run(out: &Path, harness: u32) -> Result<()> {
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs root, containerd, runc, docker-registry, skopeo, umoci, debootstrap (or host python3)"]
 async fn groups_compose_run_and_upgrade_harness() -> Result<()> {
-    require_root_and_bins(&[
-        "containerd",
-        "ctr",
-        "runc",
-        "docker-registry",
-        "skopeo",
-        "umoci",
-    ])?;
+    require_root_and_bins(E2E_BINS)?;
     let p = publish_groups().await?;
     let env1 = format!("{}/weenv/env:calc-1-h1", p.host);
     compose_publish(&p.client, &p.plan("1"), &env1).await?;
@@ -384,14 +377,7 @@ async fn groups_compose_run_and_upgrade_harness() -> Result<()> {
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs root, containerd, runc, fuse, docker-registry, skopeo, umoci, weenv-snapshotter"]
 async fn lazy_upgrade_fetches_only_the_new_harness() -> Result<()> {
-    require_root_and_bins(&[
-        "containerd",
-        "ctr",
-        "runc",
-        "docker-registry",
-        "skopeo",
-        "umoci",
-    ])?;
+    require_root_and_bins(E2E_BINS)?;
     let p = publish_groups().await?;
     let daemon = Daemon::start(
         &p.tmp.path().join("snap"),

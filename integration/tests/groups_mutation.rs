@@ -22,7 +22,7 @@ use weenv_format::writer::WriterOptions;
 use weenv_integration::containerd::{Containerd, ContainerdOptions};
 use weenv_integration::images;
 use weenv_integration::registry::LocalRegistry;
-use weenv_integration::util::require_root_and_bins;
+use weenv_integration::util::{require_root_and_bins, E2E_BINS};
 use weenv_registry::Client;
 use weenv_snapshotter::run::{run_plan, RunError, RunOptions};
 
@@ -72,21 +72,14 @@ struct Env {
 }
 
 async fn setup(lazy: bool) -> Result<Env> {
-    require_root_and_bins(&[
-        "containerd",
-        "ctr",
-        "runc",
-        "docker-registry",
-        "skopeo",
-        "umoci",
-    ])?;
+    require_root_and_bins(E2E_BINS)?;
     let tmp = tempfile::tempdir()?;
     let reg = LocalRegistry::start(tmp.path())?;
     let host = reg.host();
     let client = Client::new(registry_config(std::slice::from_ref(&host)))?;
     let scratch = tmp.path().join("scratch");
     std::fs::create_dir_all(&scratch)?;
-    images::push_oci_layout(&images::busybox()?, &format!("{host}/src/busybox:1"))?;
+    reg.push(&images::busybox()?, "src/busybox:1")?;
     let spec = |kind, name: &str| GroupSpec {
         kind,
         name: name.into(),

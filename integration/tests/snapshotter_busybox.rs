@@ -17,17 +17,7 @@ use snapshotter_common::*;
 use weenv_integration::containerd::{Containerd, ContainerdOptions};
 use weenv_integration::images;
 use weenv_integration::registry::{CountingProxy, LocalRegistry};
-use weenv_integration::util::{require_root_and_bins, which};
-
-const BINS: &[&str] = &[
-    "containerd",
-    "ctr",
-    "runc",
-    "docker-registry",
-    "skopeo",
-    "umoci",
-    "fusermount3",
-];
+use weenv_integration::util::{require_root_and_bins, which, E2E_FUSE_BINS};
 
 struct Env {
     // Drop order matters: containerd (and its containers) before the snapshotter.
@@ -43,7 +33,7 @@ struct Env {
 /// `via_hosts_toml`: the daemon learns that the registry speaks plain HTTP from a
 /// containerd-style `hosts.toml` (`server = "http://..."`) instead of `registry.plain_http`.
 async fn setup(fill: bool, via_hosts_toml: bool) -> Result<Env> {
-    require_root_and_bins(BINS)?;
+    require_root_and_bins(E2E_FUSE_BINS)?;
     let tmp = tempfile::tempdir()?;
     let reg = LocalRegistry::start(tmp.path())?;
     let proxy = CountingProxy::start(reg.addr())?;

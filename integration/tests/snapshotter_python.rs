@@ -53,8 +53,7 @@ async fn python_lazy_start_and_conformance_with_overlayfs() -> Result<()> {
     let reg = LocalRegistry::start(tmp.path())?;
     let proxy = CountingProxy::start(reg.addr())?;
     let img = images::python()?;
-    let gz = format!("{}/python:gz", reg.host());
-    images::push_oci_layout(&img, &gz)?;
+    let gz = reg.push(&img, "python:gz")?;
     let weenv_direct = format!("{}/python:weenv", reg.host());
     let c = client(&[reg.host(), proxy.host()])?;
     let report = convert(&c, &gz, &weenv_direct).await?;

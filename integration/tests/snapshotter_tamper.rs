@@ -10,25 +10,16 @@ use std::os::unix::fs::FileExt;
 use weenv_integration::containerd::{Containerd, ContainerdOptions};
 use weenv_integration::images;
 use weenv_integration::registry::LocalRegistry;
-use weenv_integration::util::require_root_and_bins;
+use weenv_integration::util::{require_root_and_bins, E2E_FUSE_BINS};
 
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs root, containerd, runc, fuse, docker-registry, skopeo, umoci"]
 async fn tampered_frame_is_never_served() -> Result<()> {
-    require_root_and_bins(&[
-        "containerd",
-        "ctr",
-        "runc",
-        "docker-registry",
-        "skopeo",
-        "umoci",
-        "fusermount3",
-    ])?;
+    require_root_and_bins(E2E_FUSE_BINS)?;
     let tmp = tempfile::tempdir()?;
     let reg = LocalRegistry::start(tmp.path())?;
     let host = reg.host();
-    let gz = format!("{host}/busybox:gz");
-    images::push_oci_layout(&images::busybox()?, &gz)?;
+    let gz = reg.push(&images::busybox()?, "busybox:gz")?;
     let weenv = format!("{host}/busybox:weenv");
     let rep = convert(&client(std::slice::from_ref(&host))?, &gz, &weenv).await?;
     let layer = rep.manifests[0].layers[0].clone();
