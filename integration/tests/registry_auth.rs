@@ -3,12 +3,13 @@
 //! reads credentials from a temp docker `config.json`.
 #![allow(clippy::unwrap_used)]
 
+use std::path::{Path, PathBuf};
 use weenv_integration::registry::{
     base64_encode, CountingProxy, LocalRegistry, ProxyOptions, TokenAuth,
 };
 use weenv_registry::{Bytes, Client, Digest, HostConfig, Reference, RegistryConfig, RegistryError};
 
-fn config(host: &str, docker_dir: &std::path::Path) -> RegistryConfig {
+fn config(host: &str, docker_dir: &Path) -> RegistryConfig {
     let mut c = RegistryConfig {
         docker_config_dir: Some(docker_dir.to_path_buf()),
         ..RegistryConfig::default()
@@ -21,6 +22,21 @@ fn config(host: &str, docker_dir: &std::path::Path) -> RegistryConfig {
         },
     );
     c
+}
+
+/// Writes a docker `config.json` under `dir` (created) with `user:password` for `host`;
+/// returns `dir`.
+fn docker_config(dir: &Path, host: &str, user_password: &[u8]) -> PathBuf {
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::write(
+        dir.join("config.json"),
+        format!(
+            r#"{{"auths":{{"{host}":{{"auth":"{}"}}}}}}"#,
+            base64_encode(user_password)
+        ),
+    )
+    .unwrap();
+    dir.to_path_buf()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -42,16 +58,7 @@ async fn bearer_token_flow_with_docker_config_credentials() {
     )
     .unwrap();
     let host = proxy.host();
-    let docker = tmp.path().join("docker");
-    std::fs::create_dir_all(&docker).unwrap();
-    std::fs::write(
-        docker.join("config.json"),
-        format!(
-            r#"{{"auths":{{"{host}":{{"auth":"{}"}}}}}}"#,
-            base64_encode(b"alice:secret")
-        ),
-    )
-    .unwrap();
+    let docker = docker_config(&tmp.path().join("docker"), &host, b"alice:secret");
     let client = Client::new(config(&host, &docker)).unwrap();
     let r: Reference = format!("{host}/team/app:1").parse().unwrap();
     let blob = b"hello token auth".to_vec();
@@ -159,16 +166,7 @@ async fn bearer_token_flow_with_docker_config_credentials() {
     assert_eq!(client.stats().token_requests, 2);
 
     // wrong credentials: a typed error naming the realm
-    let bad_docker = tmp.path().join("bad");
-    std::fs::create_dir_all(&bad_docker).unwrap();
-    std::fs::write(
-        bad_docker.join("config.json"),
-        format!(
-            r#"{{"auths":{{"{host}":{{"auth":"{}"}}}}}}"#,
-            base64_encode(b"alice:wrong")
-        ),
-    )
-    .unwrap();
+    let bad_docker = docker_config(&tmp.path().join("bad"), &host, b"alice:wrong");
     let bad = Client::new(config(&host, &bad_docker)).unwrap();
     match bad.get_blob(&r, &d).await {
         Err(RegistryError::Token { realm, .. }) => assert!(realm.ends_with("/token")),
