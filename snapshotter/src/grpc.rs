@@ -278,13 +278,18 @@ mod tests {
         }
         let mut c = SnapshotsClient::new(ch.unwrap());
         let sn = || "weenv".to_string();
+        let prepare_a = PrepareSnapshotRequest {
+            snapshotter: sn(),
+            key: "a".into(),
+            parent: String::new(),
+            labels: HashMap::new(),
+        };
+        let stat = |key: &str| StatSnapshotRequest {
+            snapshotter: sn(),
+            key: key.into(),
+        };
         let m = c
-            .prepare(PrepareSnapshotRequest {
-                snapshotter: sn(),
-                key: "a".into(),
-                parent: String::new(),
-                labels: HashMap::new(),
-            })
+            .prepare(prepare_a.clone())
             .await
             .unwrap()
             .into_inner()
@@ -293,15 +298,7 @@ mod tests {
             (m[0].r#type.as_str(), m[0].options.clone()),
             ("bind", vec!["rw".to_string(), "rbind".to_string()])
         );
-        let dup = c
-            .prepare(PrepareSnapshotRequest {
-                snapshotter: sn(),
-                key: "a".into(),
-                parent: String::new(),
-                labels: HashMap::new(),
-            })
-            .await
-            .unwrap_err();
+        let dup = c.prepare(prepare_a).await.unwrap_err();
         assert_eq!(dup.code(), containerd_client::tonic::Code::AlreadyExists);
         c.commit(CommitSnapshotRequest {
             snapshotter: sn(),
@@ -311,16 +308,7 @@ mod tests {
         })
         .await
         .unwrap();
-        let info = c
-            .stat(StatSnapshotRequest {
-                snapshotter: sn(),
-                key: "c".into(),
-            })
-            .await
-            .unwrap()
-            .into_inner()
-            .info
-            .unwrap();
+        let info = c.stat(stat("c")).await.unwrap().into_inner().info.unwrap();
         assert_eq!((info.name.as_str(), info.kind), ("c", 3)); // Kind::Committed = 3
         c.view(ViewSnapshotRequest {
             snapshotter: sn(),
@@ -338,13 +326,7 @@ mod tests {
             .await
             .unwrap_err();
         assert_eq!(e.code(), containerd_client::tonic::Code::FailedPrecondition);
-        let e = c
-            .stat(StatSnapshotRequest {
-                snapshotter: sn(),
-                key: "nope".into(),
-            })
-            .await
-            .unwrap_err();
+        let e = c.stat(stat("nope")).await.unwrap_err();
         assert_eq!(e.code(), containerd_client::tonic::Code::NotFound);
         let mut w = c
             .list(ListSnapshotsRequest {
