@@ -45,17 +45,10 @@ pub fn require_bins(bins: &[&str]) -> Result<()> {
 }
 
 /// What an end-to-end test with a private registry, containerd and the busybox test image needs
-/// on `$PATH` (for [`require_root_and_bins`]).
-pub const E2E_BINS: &[&str] = &[
-    "containerd",
-    "ctr",
-    "runc",
-    "docker-registry",
-    "skopeo",
-    "umoci",
-];
+/// on `$PATH` (for [`require_root_and_bins`]): [`E2E_FUSE_BINS`] without `fusermount3`.
+pub const E2E_BINS: &[&str] = E2E_FUSE_BINS.split_at(E2E_FUSE_BINS.len() - 1).0;
 
-/// [`E2E_BINS`] plus `fusermount3`, for tests that also start the FUSE snapshotter.
+/// [`E2E_BINS`] plus `fusermount3` (last), for tests that also start the FUSE snapshotter.
 pub const E2E_FUSE_BINS: &[&str] = &[
     "containerd",
     "ctr",
@@ -216,5 +209,11 @@ mod tests {
         let e = require_bins(&["weenv-definitely-missing-bin"]).unwrap_err();
         assert!(e.to_string().contains("weenv-definitely-missing-bin"));
         assert!(require_bins(&["sh"]).is_ok());
+    }
+
+    #[test]
+    fn e2e_bin_lists() {
+        assert!(E2E_BINS.contains(&"umoci") && !E2E_BINS.contains(&"fusermount3"));
+        assert_eq!(E2E_FUSE_BINS, [E2E_BINS, &["fusermount3"]].concat());
     }
 }
