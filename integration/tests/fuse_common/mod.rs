@@ -461,22 +461,16 @@ pub fn rich_tar() -> Result<Vec<u8>> {
         0,
         0,
     )?;
-    add_special(
-        &mut b,
-        "usr/bin/sh",
-        tar::EntryType::Link,
-        Some("usr/bin/busybox"),
-        (0, 0),
-        0o755,
-    )?;
-    add_special(
-        &mut b,
-        "usr/bin/ls",
-        tar::EntryType::Link,
-        Some("usr/bin/busybox"),
-        (0, 0),
-        0o755,
-    )?;
+    for link in ["usr/bin/sh", "usr/bin/ls"] {
+        add_special(
+            &mut b,
+            link,
+            tar::EntryType::Link,
+            Some("usr/bin/busybox"),
+            (0, 0),
+            0o755,
+        )?;
+    }
     add_special(
         &mut b,
         "bin",
