@@ -83,6 +83,27 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
     type = "snapshot"
     address = "$SNAP_SOCK"
 EOF2
+# weenv-snapshotter first, as the systemd unit orders it: containerd dials a proxy plugin
+# lazily and backs off for seconds after a failed dial to a socket that is not there yet.
+OBS_PORT=$(free_port)
+mkdir -p "$W/snap"
+cat > "$W/snap/config.toml" <<EOF2
+version = 1
+root_dir = "$W/snap/root"
+socket = "$SNAP_SOCK"
+log_level = "info"
+[registry]
+plain_http = ["$HOST"]
+[observability]
+listen = "127.0.0.1:$OBS_PORT"
+# Off for the demo, so the numbers below are what the container itself needed.
+[fill]
+enabled = false
+EOF2
+"$BIN/weenv-snapshotter" --config "$W/snap/config.toml" >"$W/snap/log" 2>&1 &
+PIDS+=($!)
+for _ in $(seq 100); do [ -S "$SNAP_SOCK" ] && break; sleep 0.2; done
+[ -S "$SNAP_SOCK" ] || { echo "weenv-snapshotter did not start:"; cat "$W/snap/log"; exit 1; }
 PATH="$BIN:$PATH" containerd --config "$W/ctd/config.toml" >"$W/ctd/log" 2>&1 &
 PIDS+=($!)
 CTR=(ctr -a "$W/ctd/containerd.sock")
@@ -119,25 +140,6 @@ if [ "${WEENV_DEMO_LAZY:-1}" = 0 ]; then
 fi
 
 say "5. lazy pull and run with weenv-snapshotter"
-OBS_PORT=$(free_port)
-mkdir -p "$W/snap"
-cat > "$W/snap/config.toml" <<EOF2
-version = 1
-root_dir = "$W/snap/root"
-socket = "$SNAP_SOCK"
-log_level = "info"
-[registry]
-plain_http = ["$HOST"]
-[observability]
-listen = "127.0.0.1:$OBS_PORT"
-# Off for the demo, so the numbers below are what the container itself needed.
-[fill]
-enabled = false
-EOF2
-"$BIN/weenv-snapshotter" --config "$W/snap/config.toml" >"$W/snap/log" 2>&1 &
-PIDS+=($!)
-for _ in $(seq 100); do [ -S "$SNAP_SOCK" ] && break; sleep 0.2; done
-[ -S "$SNAP_SOCK" ] || { echo "weenv-snapshotter did not start:"; cat "$W/snap/log"; exit 1; }
 WEENV=("$BIN/weenv" --config "$W/snap/config.toml")
 t0=$(now)
 "${WEENV[@]}" pull --plain-http -a "$W/ctd/containerd.sock" -n lazy "$HOST/python:3-weenv"

@@ -56,6 +56,10 @@ pub enum PullError {
     NoPlatform { reference: String, platform: String },
 }
 
+/// Retries (250 ms apart) of a Prepare that containerd answers `Unavailable`: ~10 s, the
+/// longest reconnect backoff seen from containerd 1.6 towards a restarted proxy plugin.
+const PREPARE_UNAVAILABLE_RETRIES: u32 = 40;
+
 fn ctd(op: &'static str) -> impl FnOnce(tonic::Status) -> PullError {
     move |status| PullError::Containerd { op, status }
 }
@@ -409,15 +413,31 @@ async fn pull_leased(
             mblob.digest.as_str(),
             &layer_digests,
         );
-        let prep = snaps
-            .clone()
-            .prepare(c.req(PrepareSnapshotRequest {
-                snapshotter: opts.snapshotter.clone(),
-                key: key.clone(),
-                parent: parent.clone(),
-                labels,
-            }))
-            .await;
+        // containerd dials a proxy snapshotter lazily and backs off after a failed dial (the
+        // daemon started after containerd, or restarted): such a call fails `Unavailable` before
+        // it reaches the snapshotter, and a retry a moment later goes through.
+        let mut attempt = 0u32;
+        let prep = loop {
+            let res = snaps
+                .clone()
+                .prepare(c.req(PrepareSnapshotRequest {
+                    snapshotter: opts.snapshotter.clone(),
+                    key: key.clone(),
+                    parent: parent.clone(),
+                    labels: labels.clone(),
+                }))
+                .await;
+            match res {
+                Err(s)
+                    if s.code() == Code::Unavailable && attempt < PREPARE_UNAVAILABLE_RETRIES =>
+                {
+                    attempt += 1;
+                    debug!(attempt, error = %s.message(), "snapshotter unavailable through containerd; retrying");
+                    tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+                }
+                other => break other,
+            }
+        };
         match prep {
             Err(s) if s.code() == Code::AlreadyExists => {
                 debug!(layer = %layer.digest, chain, "remote snapshot");
