@@ -7,7 +7,7 @@
 //! the range's `frames` too, so callers can verify and cache them (filter against the wanted set
 //! if they only want those).
 
-use crate::toc::{Entry, FrameIdx, Toc};
+use crate::toc::{Entry, Frame, FrameIdx, Toc};
 
 /// One range request.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -28,16 +28,27 @@ pub fn plan_fetch(
     max_gap: u64,
     max_request: u64,
 ) -> Vec<FetchRange> {
+    plan_frames(&toc.frames, frames, max_gap, max_request)
+}
+
+/// [`plan_fetch`] over a frame table (`frames` tile the blob in index order, as in a validated
+/// TOC): for callers that hold the frames without the whole TOC.
+pub fn plan_frames(
+    table: &[Frame],
+    frames: &[FrameIdx],
+    max_gap: u64,
+    max_request: u64,
+) -> Vec<FetchRange> {
     let mut want: Vec<FrameIdx> = frames
         .iter()
         .copied()
-        .filter(|i| (i.0 as usize) < toc.frames.len())
+        .filter(|i| (i.0 as usize) < table.len())
         .collect();
     want.sort_unstable();
     want.dedup();
     let mut out: Vec<FetchRange> = Vec::new();
     for idx in want {
-        let f = &toc.frames[idx.0 as usize];
+        let f = &table[idx.0 as usize];
         let f_end = f.offset.saturating_add(f.clen);
         if let Some(cur) = out.last_mut() {
             let cur_end = cur.offset + cur.len;

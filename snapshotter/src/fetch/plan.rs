@@ -1,11 +1,12 @@
-//! Coalescing frame misses into range requests (pure).
+//! Coalescing frame misses into range requests (pure), with the snapshotter's limits.
 //!
-//! Frames sit back to back in the blob. Misses are sorted by blob offset and merged into one
-//! request while the hole between them is at most `max_gap` bytes (fetching a small hole is
-//! cheaper than a round trip) and the request stays within `max_request` bytes (so one slow
-//! request does not hold up everything, and memory stays bounded). A single frame larger than
-//! `max_request` is still one request.
+//! Frames sit back to back in the blob. Misses are merged into one request while the hole
+//! between them is at most `max_gap` bytes (fetching a small hole is cheaper than a round trip)
+//! and the request stays within `max_request` bytes (so one slow request does not hold up
+//! everything, and memory stays bounded). A single frame larger than `max_request` is still one
+//! request. The coalescing itself is `weenv_format::fetch::plan_frames`.
 
+use weenv_format::fetch::{plan_frames, FetchRange};
 use weenv_format::{Frame, FrameIdx};
 
 /// Limits of [`plan_fetch`].
@@ -26,47 +27,21 @@ impl Default for PlanLimits {
     }
 }
 
-/// One ranged read covering `frames` (in blob order).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RangeRequest {
-    pub offset: u64,
-    pub len: u64,
-    pub frames: Vec<FrameIdx>,
-}
+/// One ranged read covering `frames` (in blob order): the format crate's [`FetchRange`].
+pub type RangeRequest = FetchRange;
 
-/// Plans the requests for `wanted` frames of `frames`. Indices out of range are ignored
-/// (callers check them first).
+/// Plans the requests for `wanted` frames of `frames` with the format crate's coalescing
+/// ([`weenv_format::fetch::plan_frames`]). Indices out of range are ignored (callers check them
+/// first). Each request lists only the wanted frames: whole frames inside a bridged gap are
+/// fetched but not verified or cached here.
 pub fn plan_fetch(frames: &[Frame], wanted: &[FrameIdx], limits: PlanLimits) -> Vec<RangeRequest> {
-    let mut w: Vec<FrameIdx> = wanted
-        .iter()
-        .copied()
-        .filter(|i| (i.0 as usize) < frames.len())
-        .collect();
-    w.sort_by_key(|i| (frames[i.0 as usize].offset, i.0));
-    w.dedup();
-    let mut out: Vec<RangeRequest> = Vec::new();
-    for idx in w {
-        let f = &frames[idx.0 as usize];
-        let f_end = f.offset + f.clen;
-        if let Some(cur) = out.last_mut() {
-            let cur_end = cur.offset + cur.len;
-            let gap = f.offset.saturating_sub(cur_end);
-            if f.offset >= cur_end
-                && gap <= limits.max_gap
-                && f_end - cur.offset <= limits.max_request
-            {
-                cur.len = f_end - cur.offset;
-                cur.frames.push(idx);
-                continue;
-            }
-        }
-        out.push(RangeRequest {
-            offset: f.offset,
-            len: f.clen,
-            frames: vec![idx],
-        });
+    let mut want = wanted.to_vec();
+    want.sort_unstable();
+    let mut plan = plan_frames(frames, wanted, limits.max_gap, limits.max_request);
+    for r in &mut plan {
+        r.frames.retain(|f| want.binary_search(f).is_ok());
     }
-    out
+    plan
 }
 
 #[cfg(test)]
