@@ -12,6 +12,7 @@
 //! - [`reader`]: [`RangeRead`] + footer/TOC location and verification, file reads.
 //! - [`frame`]: decompress and verify one frame.
 //! - [`fetch`]: pure planning of which blob ranges to fetch (coalescing).
+//! - [`prefetch`]: start-up prefetch profiles (manifest annotation, merged-view path resolution).
 //! - [`tar`]: our streaming tar parser; [`paths`]: path normalisation and namespace rules;
 //!   `validate`: semantic TOC validation ([`Toc::validate`]).
 //!
@@ -26,6 +27,7 @@ pub mod group;
 pub mod patch;
 pub mod paths;
 pub mod plan;
+pub mod prefetch;
 pub mod range;
 pub mod reader;
 pub mod tar;

@@ -1,0 +1,471 @@
+//! Start-up prefetch profiles: which frames of each layer an image reads when it starts.
+//!
+//! A profile belongs to an *image* (a layer is shared by many images, each starting a
+//! different program), so it lives in the image manifest, not in the layer blob: each weenv
+//! layer descriptor may carry [`ANNOTATION_PREFETCH`], the frames of that layer to fetch as
+//! soon as the layer is mounted, as sorted index ranges (`"0-3,7,9-12"`). Adding or changing a
+//! profile rewrites only the manifest; no layer byte changes.
+//!
+//! A profile is written as paths (one file per line, as `weenv profile` records them) and
+//! resolved here against the image's TOCs the way overlayfs merges the layers: the topmost
+//! layer holding a path provides it, whiteouts and opaque directories hide lower layers,
+//! symlinks (in any component) are followed through the merged view and hardlinks resolve to
+//! their target's payload. Everything here is pure.
+
+use crate::toc::{Entry, EntryKind, FrameIdx, Toc};
+use crate::FormatError;
+use std::collections::{BTreeSet, HashMap};
+
+/// Layer-descriptor annotation: frames to prefetch at mount, as sorted ranges `a-b,c,...`.
+pub const ANNOTATION_PREFETCH: &str = "io.weenv.prefetch.frames";
+/// Longest annotation value a reader accepts (bytes).
+pub const MAX_PREFETCH_ANNOTATION: usize = 256 << 10;
+/// Symlinks followed while resolving one path (as Linux's `MAXSYMLINKS`).
+const MAX_SYMLINK_HOPS: usize = 40;
+
+const WHITEOUT_PREFIX: &str = ".wh.";
+const OPAQUE_MARKER: &str = ".wh..wh..opq";
+
+fn bad(reason: impl Into<String>) -> FormatError {
+    FormatError::TocDecode {
+        reason: format!("{ANNOTATION_PREFETCH} annotation: {}", reason.into()),
+    }
+}
+
+/// Encodes `frames` (any order, duplicates allowed) as sorted ranges: `"0-3,7,9-12"`.
+pub fn encode_frames(frames: &[FrameIdx]) -> String {
+    let set: BTreeSet<u32> = frames.iter().map(|f| f.0).collect();
+    let mut out = String::new();
+    let mut it = set.into_iter().peekable();
+    while let Some(start) = it.next() {
+        let mut end = start;
+        while it.peek() == Some(&(end + 1)) {
+            end += 1;
+            it.next();
+        }
+        if !out.is_empty() {
+            out.push(',');
+        }
+        if start == end {
+            out.push_str(&start.to_string());
+        } else {
+            out.push_str(&format!("{start}-{end}"));
+        }
+    }
+    out
+}
+
+/// Decodes an annotation value into sorted, deduplicated frame indices, each below
+/// `frame_count` (the layer's TOC). Malformed, out-of-range or oversized values are errors:
+/// callers log them and mount without a prefetch.
+pub fn decode_frames(value: &str, frame_count: usize) -> Result<Vec<FrameIdx>, FormatError> {
+    if value.len() > MAX_PREFETCH_ANNOTATION {
+        return Err(FormatError::AbsurdSize {
+            what: "prefetch annotation",
+            value: value.len() as u64,
+            limit: MAX_PREFETCH_ANNOTATION as u64,
+        });
+    }
+    let num = |s: &str| -> Result<u32, FormatError> {
+        let s = s.trim();
+        if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(bad(format!("{s:?} is not a frame index")));
+        }
+        let n: u32 = s
+            .parse()
+            .map_err(|_| bad(format!("{s:?} is not a frame index")))?;
+        if n as usize >= frame_count {
+            return Err(bad(format!(
+                "frame {n} is past the layer's {frame_count} frames (profile of another layer?)"
+            )));
+        }
+        Ok(n)
+    };
+    let mut set = BTreeSet::new();
+    for part in value.split(',').filter(|p| !p.trim().is_empty()) {
+        let (a, b) = match part.split_once('-') {
+            Some((a, b)) => (num(a)?, num(b)?),
+            None => {
+                let n = num(part)?;
+                (n, n)
+            }
+        };
+        if a > b {
+            return Err(bad(format!("range {part:?} is descending")));
+        }
+        set.extend(a..=b);
+    }
+    Ok(set.into_iter().map(FrameIdx).collect())
+}
+
+/// Parses a profile file: one path per line (absolute or relative to the image root); blank
+/// lines and lines starting with `#` are skipped; duplicates are dropped, first one wins.
+pub fn parse_profile(text: &str) -> Vec<String> {
+    let mut seen = std::collections::HashSet::new();
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .filter(|l| seen.insert(l.to_string()))
+        .map(str::to_string)
+        .collect()
+}
+
+/// What [`resolve_profile`] found.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Resolved {
+    /// Per layer (same order as the input, bottom first): frames to prefetch, sorted.
+    pub frames: Vec<Vec<FrameIdx>>,
+    /// Per layer: profile files that layer provides.
+    pub files: Vec<usize>,
+    /// Uncompressed payload bytes of the resolved files (all layers).
+    pub file_bytes: u64,
+    /// Profile paths that name no regular file in the merged view (absent, deleted by a
+    /// whiteout, a directory, a device, or a symlink loop).
+    pub unresolved: Vec<String>,
+}
+
+impl Resolved {
+    /// Compressed bytes of the frames to prefetch, given the layers' TOCs.
+    pub fn compressed_bytes(&self, tocs: &[&Toc]) -> u64 {
+        self.frames
+            .iter()
+            .zip(tocs)
+            .flat_map(|(fs, t)| fs.iter().filter_map(|f| t.frame(*f)).map(|f| f.clen))
+            .sum()
+    }
+}
+
+/// The merged view of an image's layers (bottom first), for path lookups.
+struct Merged<'a> {
+    tocs: &'a [&'a Toc],
+    index: Vec<HashMap<&'a str, usize>>,
+}
+
+enum Found<'a> {
+    Entry(usize, &'a Entry),
+    Absent,
+}
+
+impl<'a> Merged<'a> {
+    fn new(tocs: &'a [&'a Toc]) -> Self {
+        let index = tocs.iter().map(|t| t.index()).collect();
+        Merged { tocs, index }
+    }
+
+    fn has(&self, layer: usize, path: &str) -> bool {
+        self.index[layer].contains_key(path)
+    }
+
+    /// The entry visible at normalised `path` ("" = root), topmost layer first.
+    fn lookup(&self, path: &str) -> Found<'a> {
+        let (parent, name) = match path.rsplit_once('/') {
+            Some((p, n)) => (p, n),
+            None => ("", path),
+        };
+        if name.starts_with(WHITEOUT_PREFIX) {
+            return Found::Absent; // whiteout files are not part of the merged view
+        }
+        for layer in (0..self.tocs.len()).rev() {
+            if let Some(&i) = self.index[layer].get(path) {
+                return Found::Entry(layer, &self.tocs[layer].entries[i]);
+            }
+            let join = |dir: &str, n: &str| {
+                if dir.is_empty() {
+                    n.to_string()
+                } else {
+                    format!("{dir}/{n}")
+                }
+            };
+            if self.has(layer, &join(parent, &format!("{WHITEOUT_PREFIX}{name}"))) {
+                return Found::Absent;
+            }
+            // An ancestor deleted or made opaque in this layer hides every lower layer.
+            let mut hidden = false;
+            let mut dir = parent;
+            loop {
+                if self.has(layer, &join(dir, OPAQUE_MARKER)) {
+                    hidden = true;
+                }
+                if dir.is_empty() {
+                    break;
+                }
+                let (up, n) = dir.rsplit_once('/').unwrap_or(("", dir));
+                if self.has(layer, &join(up, &format!("{WHITEOUT_PREFIX}{n}"))) {
+                    return Found::Absent;
+                }
+                dir = up;
+            }
+            if hidden {
+                return Found::Absent;
+            }
+        }
+        Found::Absent
+    }
+
+    /// Resolves `path` (any form) to a regular file: (layer, entry with the payload).
+    fn resolve_file(&self, path: &str) -> Option<(usize, &'a Entry)> {
+        let mut pending: Vec<String> = components(path).into_iter().rev().collect();
+        let mut cur: Vec<String> = Vec::new();
+        let mut hops = 0;
+        while let Some(comp) = pending.pop() {
+            match comp.as_str() {
+                "." => continue,
+                ".." => {
+                    cur.pop();
+                    continue;
+                }
+                _ => {}
+            }
+            cur.push(comp);
+            let p = cur.join("/");
+            let Found::Entry(layer, e) = self.lookup(&p) else {
+                return None;
+            };
+            match e.kind {
+                EntryKind::Symlink => {
+                    hops += 1;
+                    if hops > MAX_SYMLINK_HOPS {
+                        return None;
+                    }
+                    let target = e.link.as_deref().unwrap_or("");
+                    cur.pop();
+                    if target.starts_with('/') {
+                        cur.clear();
+                    }
+                    pending.extend(components(target).into_iter().rev());
+                }
+                EntryKind::Dir => {}
+                EntryKind::File | EntryKind::Hardlink if pending.is_empty() => {
+                    return match e.kind {
+                        EntryKind::File => Some((layer, e)),
+                        _ => {
+                            let t = e.link.as_deref()?;
+                            let i = *self.index[layer].get(t)?;
+                            let target = &self.tocs[layer].entries[i];
+                            (target.kind == EntryKind::File).then_some((layer, target))
+                        }
+                    };
+                }
+                _ => return None,
+            }
+        }
+        None
+    }
+}
+
+fn components(path: &str) -> Vec<String> {
+    path.split('/')
+        .filter(|c| !c.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+/// Resolves profile `paths` against an image's layers (`tocs`, bottom first) as overlayfs
+/// merges them, and returns the frames each layer must prefetch.
+pub fn resolve_profile(tocs: &[&Toc], paths: &[String]) -> Resolved {
+    let merged = Merged::new(tocs);
+    let mut sets: Vec<BTreeSet<FrameIdx>> = vec![BTreeSet::new(); tocs.len()];
+    let mut res = Resolved {
+        files: vec![0; tocs.len()],
+        ..Resolved::default()
+    };
+    let mut seen = std::collections::HashSet::new();
+    for p in paths {
+        match merged.resolve_file(p) {
+            Some((layer, e)) => {
+                if seen.insert((layer, e.path.as_str())) {
+                    sets[layer].extend(e.chunks.iter().map(|c| c.frame));
+                    res.files[layer] += 1;
+                    res.file_bytes += e.size;
+                }
+            }
+            None => res.unresolved.push(p.clone()),
+        }
+    }
+    res.frames = sets.into_iter().map(|s| s.into_iter().collect()).collect();
+    res
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::toc::{ChunkRef, Frame};
+    use crate::Digest;
+
+    fn f(v: &[u32]) -> Vec<FrameIdx> {
+        v.iter().copied().map(FrameIdx).collect()
+    }
+
+    #[test]
+    fn ranges_round_trip() {
+        assert_eq!(encode_frames(&f(&[])), "");
+        assert_eq!(
+            encode_frames(&f(&[9, 0, 1, 2, 3, 7, 10, 11, 12, 3])),
+            "0-3,7,9-12"
+        );
+        assert_eq!(
+            decode_frames("0-3,7,9-12", 13).unwrap(),
+            f(&[0, 1, 2, 3, 7, 9, 10, 11, 12])
+        );
+        assert_eq!(decode_frames("", 0).unwrap(), f(&[]));
+        assert_eq!(decode_frames(" 5 , 1-2 ", 6).unwrap(), f(&[1, 2, 5]));
+    }
+
+    #[test]
+    fn bad_annotations_are_errors() {
+        for v in [
+            "x",
+            "1-",
+            "-1",
+            "3-1",
+            "1--2",
+            "1,13",
+            "0-13",
+            "+1",
+            "99999999999",
+        ] {
+            assert!(decode_frames(v, 13).is_err(), "{v:?} accepted");
+        }
+        let long = "1,".repeat(MAX_PREFETCH_ANNOTATION);
+        assert!(matches!(
+            decode_frames(&long, 13),
+            Err(FormatError::AbsurdSize { .. })
+        ));
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn encode_decode_is_sorted_dedup(v in proptest::collection::vec(0u32..200, 0..100)) {
+            let enc = encode_frames(&f(&v));
+            let mut want: Vec<u32> = v.clone();
+            want.sort_unstable();
+            want.dedup();
+            proptest::prop_assert_eq!(decode_frames(&enc, 200).unwrap(), f(&want));
+        }
+    }
+
+    #[test]
+    fn profile_parsing() {
+        let p = parse_profile("# python\n/usr/bin/python3\n\n  usr/lib/x \n/usr/bin/python3\n");
+        assert_eq!(p, vec!["/usr/bin/python3", "usr/lib/x"]);
+    }
+
+    /// A TOC from (path, kind, link, frames of the payload).
+    fn toc(entries: &[(&str, EntryKind, Option<&str>, &[u32])]) -> Toc {
+        let max = entries
+            .iter()
+            .flat_map(|e| e.3.iter().copied())
+            .max()
+            .map_or(0, |m| m + 1);
+        Toc {
+            version: 1,
+            frames: (0..max)
+                .map(|i| Frame {
+                    offset: u64::from(i) * 10,
+                    clen: 10,
+                    ulen: 100,
+                    digest: Digest::sha256(&[i as u8]),
+                })
+                .collect(),
+            entries: entries
+                .iter()
+                .map(|(p, k, l, fr)| Entry {
+                    path: p.to_string(),
+                    kind: *k,
+                    mode: 0o644,
+                    uid: 0,
+                    gid: 0,
+                    mtime: 0,
+                    mtime_nsec: 0,
+                    size: 100 * fr.len() as u64,
+                    link: l.map(str::to_string),
+                    devmajor: 0,
+                    devminor: 0,
+                    xattrs: Default::default(),
+                    chunks: fr
+                        .iter()
+                        .enumerate()
+                        .map(|(i, fr)| ChunkRef {
+                            file_offset: 100 * i as u64,
+                            frame: FrameIdx(*fr),
+                            frame_offset: 0,
+                            len: 100,
+                        })
+                        .collect(),
+                })
+                .collect(),
+        }
+    }
+
+    use EntryKind::{Dir, File, Hardlink, Symlink};
+
+    #[test]
+    fn merged_view_resolution() {
+        // bottom: merged-usr Debian layout
+        let base = toc(&[
+            ("", Dir, None, &[]),
+            ("usr", Dir, None, &[]),
+            ("usr/lib", Dir, None, &[]),
+            ("lib", Symlink, Some("usr/lib"), &[]),
+            ("usr/lib/libc.so", File, None, &[0, 1]),
+            ("usr/lib/old", File, None, &[2]),
+            ("usr/lib/hl", Hardlink, Some("usr/lib/libc.so"), &[]),
+            ("usr/bin", Dir, None, &[]),
+            ("usr/bin/python3.11", File, None, &[3]),
+            ("usr/bin/python3", Symlink, Some("python3.11"), &[]),
+            ("etc", Dir, None, &[]),
+            ("etc/conf", File, None, &[4]),
+            ("etc/gone", File, None, &[5]),
+            ("loop", Symlink, Some("/loop"), &[]),
+        ]);
+        // top: replaces python3.11, deletes old and etc/gone, makes etc opaque
+        let top = toc(&[
+            ("usr", Dir, None, &[]),
+            ("usr/bin", Dir, None, &[]),
+            ("usr/bin/python3.11", File, None, &[0]),
+            ("usr/lib", Dir, None, &[]),
+            ("usr/lib/.wh.old", File, None, &[]),
+            ("etc", Dir, None, &[]),
+            ("etc/.wh..wh..opq", File, None, &[]),
+            ("etc/new", File, None, &[1]),
+        ]);
+        let tocs = [&base, &top];
+        let paths: Vec<String> = [
+            "/lib/libc.so",              // symlinked dir -> base 0,1
+            "/usr/bin/python3",          // symlink -> top's python3.11 (frame 0 of top)
+            "usr/lib/hl",                // hardlink -> libc.so, already counted
+            "/usr/lib/old",              // whiteout
+            "/etc/conf",                 // hidden by the opaque dir
+            "/etc/new",                  // top 1
+            "/usr/lib/../lib/./libc.so", // same file again
+            "/loop",                     // symlink loop
+            "/usr/bin",                  // a directory
+            "/nope",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let r = resolve_profile(&tocs, &paths);
+        assert_eq!(r.frames, vec![f(&[0, 1]), f(&[0, 1])]);
+        assert_eq!(r.files, vec![1, 2]);
+        assert_eq!(r.file_bytes, 200 + 100 + 100);
+        assert_eq!(
+            r.unresolved,
+            vec!["/usr/lib/old", "/etc/conf", "/loop", "/usr/bin", "/nope"]
+        );
+        assert_eq!(r.compressed_bytes(&tocs), 40);
+    }
+
+    #[test]
+    fn deleted_directory_hides_lower_files() {
+        let base = toc(&[("a", Dir, None, &[]), ("a/f", File, None, &[0])]);
+        let top = toc(&[(".wh.a", File, None, &[])]);
+        let r = resolve_profile(&[&base, &top], &["/a/f".to_string()]);
+        assert_eq!(r.frames, vec![f(&[]), f(&[])]);
+        assert_eq!(r.unresolved, vec!["/a/f"]);
+        // and the whiteout file itself is never a profile file
+        let r = resolve_profile(&[&base, &top], &["/.wh.a".to_string()]);
+        assert_eq!(r.unresolved.len(), 1);
+    }
+}
