@@ -1,4 +1,4 @@
-//! The `weenv` CLI: `pull`, `status`, `metrics`. Parsing and dispatch; the work is in
+//! The `weenv` CLI: `pull`, `status`, `profile`, `metrics`, `run`. Parsing and dispatch; the work is in
 //! [`crate::pull`] and [`crate::http`].
 
 use crate::config::{parse_listen, Config, ListenAddr, DEFAULT_CONFIG_PATH};
@@ -52,6 +52,23 @@ pub enum Cmd {
         #[arg(long)]
         endpoint: Option<String>,
         /// Print the raw JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print the files containers read from weenv layers since they were mounted (or since
+    /// `--reset`), one `/path` per line: a start-up profile for `weenv-convert prefetch`.
+    /// Record it on a node where the image's layers were mounted cold (fresh `weenv pull`),
+    /// after running the workload once.
+    Profile {
+        #[arg(long)]
+        endpoint: Option<String>,
+        /// Only these layers (`sha256:<hex>` or `<hex>`); repeatable.
+        #[arg(long = "layer")]
+        layers: Vec<String>,
+        /// Forget what was recorded so far instead of printing it.
+        #[arg(long)]
+        reset: bool,
+        /// Print the raw JSON (per layer).
         #[arg(long)]
         json: bool,
     },
@@ -223,6 +240,27 @@ pub async fn run(cli: Cli) -> Result<()> {
             );
             if rep.exit_code != 0 {
                 bail!("task exited with status {}", rep.exit_code);
+            }
+        }
+        Cmd::Profile {
+            endpoint: e,
+            layers,
+            reset,
+            json,
+        } => {
+            let addr = endpoint(&cfg, &e)?;
+            if reset {
+                crate::http::request(&addr, "POST", "/profile/reset").await?;
+                eprintln!("weenv profile: recording anew");
+            } else {
+                let body = crate::http::get(&addr, "/profile").await?;
+                if json {
+                    println!("{body}");
+                } else {
+                    let r: crate::status::ProfileReport =
+                        serde_json::from_str(&body).context("parsing /profile")?;
+                    print!("{}", crate::status::render_profile(&r, &layers));
+                }
             }
         }
         Cmd::Metrics { endpoint: e } => {

@@ -64,6 +64,12 @@ impl Observable for Obs {
         serde_json::to_string_pretty(&crate::status::report(&self.store, &self.layers))
             .unwrap_or_default()
     }
+    fn profile_json(&self) -> String {
+        serde_json::to_string(&crate::status::profile(&self.layers)).unwrap_or_default()
+    }
+    fn reset_profile(&self) {
+        self.layers.reset_access();
+    }
 }
 
 /// The layer store configuration derived from the daemon config.

@@ -1,5 +1,6 @@
 //! A tiny HTTP/1.1 endpoint (no framework) on TCP or a unix socket:
-//! `GET /metrics` (Prometheus text) and `GET /status` (JSON). One request per connection.
+//! `GET /metrics` (Prometheus text), `GET /status` (JSON), `GET /profile` (files read from each
+//! layer, JSON) and `POST /profile/reset`. One request per connection.
 
 use crate::config::ListenAddr;
 use std::sync::Arc;
@@ -24,6 +25,11 @@ pub trait Observable: Send + Sync + 'static {
     fn metrics_text(&self) -> String;
     /// Status as JSON.
     fn status_json(&self) -> String;
+    /// Files read from each mounted layer since it was mounted or the last reset, as JSON
+    /// (a [`crate::status::ProfileReport`]).
+    fn profile_json(&self) -> String;
+    /// Forget the files read so far (start recording a new workload).
+    fn reset_profile(&self);
 }
 
 /// A response: status line, content type, body.
@@ -50,15 +56,28 @@ pub fn route(request_line: &str, obs: &dyn Observable) -> Response {
             content_type: "application/json",
             body: obs.status_json(),
         },
+        ("GET", "/profile") => Response {
+            code: 200,
+            content_type: "application/json",
+            body: obs.profile_json(),
+        },
+        ("POST", "/profile/reset") => {
+            obs.reset_profile();
+            Response {
+                code: 200,
+                content_type: "text/plain",
+                body: "profile reset\n".into(),
+            }
+        }
         ("GET", _) => Response {
             code: 404,
             content_type: "text/plain",
-            body: "not found: try /metrics or /status\n".into(),
+            body: "not found: try /metrics, /status or /profile\n".into(),
         },
         _ => Response {
             code: 405,
             content_type: "text/plain",
-            body: "only GET is supported\n".into(),
+            body: "only GET (and POST /profile/reset) is supported\n".into(),
         },
     }
 }
@@ -131,7 +150,14 @@ pub async fn serve(addr: ListenAddr, obs: Arc<dyn Observable>) -> Result<(), Htt
 
 /// Minimal client: GET `path` from `addr`, return the body (used by `weenv status/metrics`).
 pub async fn get(addr: &ListenAddr, path: &str) -> std::io::Result<String> {
-    let req = format!("GET {path} HTTP/1.1\r\nHost: weenv\r\nConnection: close\r\n\r\n");
+    request(addr, "GET", path).await
+}
+
+/// Minimal client: `method path` (no request body) to `addr`, return the body of a 200.
+pub async fn request(addr: &ListenAddr, method: &str, path: &str) -> std::io::Result<String> {
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: weenv\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    );
     let mut out = Vec::new();
     let unreachable = |e: std::io::Error| {
         std::io::Error::new(
@@ -173,15 +199,25 @@ pub async fn get(addr: &ListenAddr, path: &str) -> std::io::Result<String> {
 mod tests {
     use super::*;
 
-    struct O;
-    impl Observable for O {
+    struct Fake(std::sync::atomic::AtomicU32);
+    impl Observable for Fake {
         fn metrics_text(&self) -> String {
             "m 1\n".into()
         }
         fn status_json(&self) -> String {
             "{}".into()
         }
+        fn profile_json(&self) -> String {
+            format!(
+                "{{\"resets\":{}}}",
+                self.0.load(std::sync::atomic::Ordering::Relaxed)
+            )
+        }
+        fn reset_profile(&self) {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
     }
+    static O: Fake = Fake(std::sync::atomic::AtomicU32::new(0));
 
     #[test]
     fn routes() {
@@ -192,6 +228,9 @@ mod tests {
         );
         assert_eq!(route("GET / HTTP/1.1", &O).code, 404);
         assert_eq!(route("POST /metrics HTTP/1.1", &O).code, 405);
+        assert_eq!(route("GET /profile HTTP/1.1", &O).body, "{\"resets\":0}");
+        assert_eq!(route("POST /profile/reset HTTP/1.1", &O).code, 200);
+        assert_eq!(route("GET /profile HTTP/1.1", &O).body, "{\"resets\":1}");
         assert_eq!(route("", &O).code, 405);
     }
 
@@ -199,7 +238,10 @@ mod tests {
     async fn serves_over_unix_socket() {
         let d = tempfile::tempdir().unwrap();
         let addr = ListenAddr::Unix(d.path().join("s.sock"));
-        let t = tokio::spawn(serve(addr.clone(), Arc::new(O)));
+        let t = tokio::spawn(serve(
+            addr.clone(),
+            Arc::new(Fake(std::sync::atomic::AtomicU32::new(0))),
+        ));
         let mut body = Err(std::io::Error::other("not started"));
         for _ in 0..100 {
             body = get(&addr, "/metrics").await;

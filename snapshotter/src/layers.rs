@@ -27,7 +27,7 @@
 use crate::cache::{CacheError, DiskCache, MemoryCache};
 use crate::fetch::fill::{run_fill, AfterFill};
 use crate::fetch::plan::PlanLimits;
-use crate::fetch::{BlobSource, FillConfig, FillShared, FillState, FrameStore};
+use crate::fetch::{run_prefetch, BlobSource, FillConfig, FillShared, FillState, FrameStore};
 use crate::fs::layer::{Layer, ROOT_INO};
 use crate::fs::ops::{FsState, Layers};
 use crate::fs::passthrough::Passthrough;
@@ -38,11 +38,12 @@ use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 use thiserror::Error;
 use tokio::task::JoinHandle;
-use weenv_format::{Digest, Toc};
+use weenv_format::{Digest, FrameIdx, Toc};
 
 /// Configuration of the layer store.
 #[derive(Clone, Debug)]
@@ -111,6 +112,11 @@ pub struct LayerStatus {
     pub frames_cached: usize,
     pub fill: FillState,
     pub fill_error: Option<String>,
+    /// Frames named by the image's start-up profile (0: none).
+    pub prefetch_frames: u64,
+    /// Of those, frames in L2.
+    pub prefetch_done: u64,
+    pub prefetch_error: Option<String>,
 }
 
 /// The node's layers behind one FUSE session.
@@ -299,6 +305,65 @@ impl LayerStore {
         Ok(self.layer_path(digest))
     }
 
+    /// Starts the start-up prefetch of `frames` of layer `digest` (no-op when the layer is
+    /// not exposed, the list is empty or prefetch is off in the config).
+    pub fn prefetch(&self, digest: &Digest, frames: Vec<FrameIdx>) {
+        if !self.cfg.fill.prefetch || frames.is_empty() {
+            return;
+        }
+        let Some(layer) = self.layer(digest) else {
+            return;
+        };
+        tracing::debug!(layer = %digest, frames = frames.len(), "start-up prefetch");
+        self.st.rt.spawn(run_prefetch(
+            self.st.store.clone(),
+            layer.toc.clone(),
+            layer.source.clone(),
+            frames,
+            self.cfg.fill.prefetch_batch_bytes,
+            self.cfg.fill.prefetch_concurrency,
+            layer.prefetch.clone(),
+        ));
+    }
+
+    /// Frames in the TOC of exposed layer `digest`.
+    pub fn frame_count(&self, digest: &Digest) -> Option<usize> {
+        self.layer(digest).map(|l| l.toc.frames.len())
+    }
+
+    fn layer(&self, digest: &Digest) -> Option<Arc<Layer>> {
+        let g = self.st.layers.read();
+        let slot = *g.slot_of.get(digest)?;
+        g.by_slot.get(slot as usize).cloned().flatten()
+    }
+
+    /// Files read from each exposed layer since it was added or [`LayerStore::reset_access`],
+    /// in first-read order (paths relative to the layer root).
+    pub fn accessed(&self) -> Vec<(Digest, Vec<String>)> {
+        self.all_layers()
+            .iter()
+            .map(|l| (l.digest.clone(), l.accessed_paths()))
+            .collect()
+    }
+
+    /// Forgets every layer's access log.
+    pub fn reset_access(&self) {
+        for l in self.all_layers() {
+            l.reset_access();
+        }
+    }
+
+    fn all_layers(&self) -> Vec<Arc<Layer>> {
+        self.st
+            .layers
+            .read()
+            .by_slot
+            .iter()
+            .flatten()
+            .cloned()
+            .collect()
+    }
+
     /// True if `digest` is exposed.
     pub fn has_layer(&self, digest: &Digest) -> bool {
         let g = self.st.layers.read();
@@ -334,15 +399,7 @@ impl LayerStore {
 
     /// Mounted layers with cache and fill state.
     pub fn status(&self) -> Vec<LayerStatus> {
-        let layers: Vec<Arc<Layer>> = self
-            .st
-            .layers
-            .read()
-            .by_slot
-            .iter()
-            .flatten()
-            .cloned()
-            .collect();
+        let layers = self.all_layers();
         let l2 = self.st.store.l2();
         layers
             .iter()
@@ -364,6 +421,9 @@ impl LayerStore {
                     frames_cached,
                     fill: l.fill.state(),
                     fill_error: l.fill.last_error(),
+                    prefetch_frames: l.prefetch.frames_total.load(Ordering::Relaxed),
+                    prefetch_done: l.prefetch.frames_done.load(Ordering::Relaxed),
+                    prefetch_error: l.prefetch.last_error(),
                 }
             })
             .collect()

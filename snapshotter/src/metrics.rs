@@ -80,6 +80,8 @@ pub struct Metrics {
     pub bytes_fetched_on_demand: AtomicU64,
     /// Compressed bytes fetched from a source by the background fill.
     pub bytes_fetched_fill: AtomicU64,
+    /// Compressed bytes fetched by start-up prefetch (the image's profile).
+    pub bytes_fetched_prefetch: AtomicU64,
     /// Range requests sent to sources.
     pub range_requests: AtomicU64,
     /// Source range requests that failed.
@@ -150,7 +152,7 @@ impl Metrics {
     /// Prometheus text exposition (version 0.0.4).
     pub fn render(&self) -> String {
         let mut s = String::new();
-        let counters: [(&str, &str, &AtomicU64); 13] = [
+        let counters: [(&str, &str, &AtomicU64); 14] = [
             (
                 "weenv_fetch_bytes_on_demand_total",
                 "Compressed bytes fetched for on-demand reads.",
@@ -160,6 +162,11 @@ impl Metrics {
                 "weenv_fetch_bytes_fill_total",
                 "Compressed bytes fetched by background fill.",
                 &self.bytes_fetched_fill,
+            ),
+            (
+                "weenv_fetch_bytes_prefetch_total",
+                "Compressed bytes fetched by start-up prefetch (image profile).",
+                &self.bytes_fetched_prefetch,
             ),
             (
                 "weenv_fetch_range_requests_total",

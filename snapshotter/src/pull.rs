@@ -36,7 +36,7 @@ use weenv_registry::manifest::host_platform;
 use weenv_registry::{select_platform, Client, ImageManifest, Manifest, Reference};
 
 /// Label: CRI manifest digest.
-pub const LABEL_CRI_MANIFEST_DIGEST: &str = "containerd.io/snapshot/cri.manifest-digest";
+pub use crate::remote::LABEL_CRI_MANIFEST_DIGEST;
 /// Label: CRI comma-separated layer digests (capped like containerd's, 4 KiB).
 pub const LABEL_CRI_IMAGE_LAYERS: &str = "containerd.io/snapshot/cri.image-layers";
 

@@ -287,6 +287,7 @@ impl SnapshotService {
                 && r.labels.get(LABEL_TARGET) == Some(&req.target)
         };
         if recs.iter().any(|r| hit(&r)) {
+            layers.prefetch(req); // another image may share the layer with its own profile
             return Ok(true);
         }
         let name = remote_snapshot_name(&req.target, parent, |k| recs.iter().any(|r| r.key == k));

@@ -28,6 +28,13 @@ pub struct LayerView {
     /// `disabled`, `pending`, `running`, `done`, `failed`.
     pub fill: String,
     pub fill_error: Option<String>,
+    /// Start-up prefetch: frames the image profile names, and how many are cached.
+    #[serde(default)]
+    pub prefetch_frames: u64,
+    #[serde(default)]
+    pub prefetch_done: u64,
+    #[serde(default)]
+    pub prefetch_error: Option<String>,
 }
 
 /// Cache usage in bytes.
@@ -85,6 +92,9 @@ pub fn report(store: &MetaStore, layers: &LayerStore) -> StatusReport {
                 .and_then(|v| v.as_str().map(str::to_string))
                 .unwrap_or_default(),
             fill_error: l.fill_error,
+            prefetch_frames: l.prefetch_frames,
+            prefetch_done: l.prefetch_done,
+            prefetch_error: l.prefetch_error,
         })
         .collect();
     lv.sort_by(|a, b| a.digest.cmp(&b.digest));
@@ -101,6 +111,56 @@ pub fn report(store: &MetaStore, layers: &LayerStore) -> StatusReport {
             disk_capacity: dc,
         },
     }
+}
+
+/// Files read from one layer (`GET /profile`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LayerProfile {
+    pub digest: String,
+    /// Paths relative to the image root, first-read order.
+    pub paths: Vec<String>,
+}
+
+/// `GET /profile`: per mounted layer, the files read since it was mounted or the last reset.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProfileReport {
+    pub layers: Vec<LayerProfile>,
+}
+
+/// The profile document of `layers`.
+pub fn profile(layers: &LayerStore) -> ProfileReport {
+    ProfileReport {
+        layers: layers
+            .accessed()
+            .into_iter()
+            .map(|(d, paths)| LayerProfile {
+                digest: d.to_string(),
+                paths,
+            })
+            .collect(),
+    }
+}
+
+/// The profile file `weenv profile` prints: `/path` lines, files of the `only` layers (all
+/// when empty), deduplicated, in layer order then first-read order. Pure.
+pub fn render_profile(r: &ProfileReport, only: &[String]) -> String {
+    let mut seen = std::collections::HashSet::new();
+    let mut s = String::new();
+    for l in r.layers.iter().filter(|l| {
+        only.is_empty()
+            || only
+                .iter()
+                .any(|o| l.digest.ends_with(o.trim_start_matches("sha256:")))
+    }) {
+        for p in &l.paths {
+            if seen.insert(p.as_str()) {
+                s.push('/');
+                s.push_str(p);
+                s.push('\n');
+            }
+        }
+    }
+    s
 }
 
 /// Human-readable rendering for `weenv status`.
@@ -135,7 +195,7 @@ pub fn render_text(r: &StatusReport) -> String {
         };
         let _ = writeln!(
             s,
-            "  {}  {:>6} entries  {:>9.1} MiB  cached {:5.1}%  fill {}{}",
+            "  {}  {:>6} entries  {:>9.1} MiB  cached {:5.1}%  fill {}{}{}",
             &l.digest[..l.digest.len().min(19)],
             l.entries,
             mib(l.bytes_total),
@@ -144,7 +204,20 @@ pub fn render_text(r: &StatusReport) -> String {
             l.fill_error
                 .as_deref()
                 .map(|e| format!(" ({e})"))
-                .unwrap_or_default()
+                .unwrap_or_default(),
+            if l.prefetch_frames > 0 {
+                format!(
+                    "  prefetch {}/{} frames{}",
+                    l.prefetch_done,
+                    l.prefetch_frames,
+                    l.prefetch_error
+                        .as_deref()
+                        .map(|e| format!(" ({e})"))
+                        .unwrap_or_default()
+                )
+            } else {
+                String::new()
+            }
         );
     }
     s
@@ -176,6 +249,9 @@ mod tests {
                 frames_cached: 1,
                 fill: "running".into(),
                 fill_error: None,
+                prefetch_frames: 4,
+                prefetch_done: 3,
+                prefetch_error: None,
             }],
             cache: CacheView::default(),
         };
@@ -184,5 +260,32 @@ mod tests {
         let t = render_text(&r);
         assert!(t.contains("cached  50.0%"), "{t}");
         assert!(t.contains("3 committed (2 remote)"));
+        assert!(t.contains("prefetch 3/4 frames"), "{t}");
+    }
+
+    #[test]
+    fn profile_rendering() {
+        let r = ProfileReport {
+            layers: vec![
+                LayerProfile {
+                    digest: "sha256:aa".into(),
+                    paths: vec!["usr/bin/python3.11".into(), "etc/ld.so.cache".into()],
+                },
+                LayerProfile {
+                    digest: "sha256:bb".into(),
+                    paths: vec!["etc/ld.so.cache".into(), "app/main.py".into()],
+                },
+            ],
+        };
+        assert_eq!(
+            render_profile(&r, &[]),
+            "/usr/bin/python3.11\n/etc/ld.so.cache\n/app/main.py\n"
+        );
+        assert_eq!(
+            render_profile(&r, &["sha256:bb".into()]),
+            "/etc/ld.so.cache\n/app/main.py\n"
+        );
+        let j = serde_json::to_string(&r).unwrap();
+        assert_eq!(serde_json::from_str::<ProfileReport>(&j).unwrap(), r);
     }
 }

@@ -61,6 +61,15 @@ pub struct FillConfig {
     pub max_gap_bytes: u64,
     /// Largest coalesced request. Default: 16 MiB.
     pub max_request_bytes: u64,
+    /// Start-up prefetch: when a layer is mounted for an image whose manifest carries a
+    /// profile (`io.weenv.prefetch.frames` on the layer descriptor, written by
+    /// `weenv-convert prefetch`), fetch those frames at once. Default: true.
+    pub prefetch: bool,
+    /// Concurrent start-up prefetch requests per layer. Default: 4.
+    pub prefetch_concurrency: usize,
+    /// Compressed bytes per start-up prefetch request (small, so a waiting reader gets its
+    /// frame after its own request). Default: 1 MiB.
+    pub prefetch_batch_bytes: u64,
 }
 
 impl Default for FillConfig {
@@ -78,6 +87,9 @@ impl Default for FillConfig {
             small_file_bytes: 256 << 10,
             max_gap_bytes: 256 << 10,
             max_request_bytes: 16 << 20,
+            prefetch: true,
+            prefetch_concurrency: 4,
+            prefetch_batch_bytes: 1 << 20,
         }
     }
 }

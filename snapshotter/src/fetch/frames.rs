@@ -31,6 +31,8 @@ pub enum Priority {
     OnDemand,
     /// Prefetch ahead of reads (file tail, directory neighbours).
     ReadAhead,
+    /// Start-up prefetch of the frames an image's profile names.
+    Prefetch,
     /// Background fill.
     Fill,
 }
@@ -338,10 +340,10 @@ impl FrameStore {
                 })
             }
         });
-        let counter = if prio == Priority::Fill {
-            &self.metrics.bytes_fetched_fill
-        } else {
-            &self.metrics.bytes_fetched_on_demand
+        let counter = match prio {
+            Priority::Fill => &self.metrics.bytes_fetched_fill,
+            Priority::Prefetch => &self.metrics.bytes_fetched_prefetch,
+            Priority::OnDemand | Priority::ReadAhead => &self.metrics.bytes_fetched_on_demand,
         };
         let mut out = Vec::new();
         let blob = match res {

@@ -11,12 +11,14 @@
 pub mod fill;
 pub mod frames;
 pub mod plan;
+pub mod prefetch;
 pub mod source;
 #[cfg(test)]
 pub(crate) mod testutil;
 
 pub use fill::{FillConfig, FillProgress, FillShared, FillState};
 pub use frames::{FrameStore, Priority};
+pub use prefetch::{run_prefetch, PrefetchProgress};
 pub use source::{BlobSource, CountingSource, FileBlobSource, RegistryBlobSource};
 
 use thiserror::Error;

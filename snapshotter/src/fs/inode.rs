@@ -129,6 +129,28 @@ impl LayerTable {
         self.nodes.get(n as usize)
     }
 
+    /// Relative path of `n` ("" for the root). A hardlinked file has several; this is the one
+    /// under its first parent.
+    pub fn path_of(&self, n: u32) -> Option<String> {
+        let mut comps = Vec::new();
+        let mut cur = n;
+        for _ in 0..4096 {
+            if cur == 0 {
+                comps.reverse();
+                return Some(comps.join("/"));
+            }
+            let parent = self.node(cur)?.parent;
+            let (name, _) = self
+                .node(parent)?
+                .children
+                .iter()
+                .find(|(_, c)| *c == cur)?;
+            comps.push(name.as_str());
+            cur = parent;
+        }
+        None
+    }
+
     /// Node at a slash-separated relative path ("" is the root).
     pub fn resolve(&self, path: &str) -> Option<u32> {
         let mut cur = 0;

@@ -6,7 +6,7 @@
 //! stable while the daemon runs and never reused for another digest.
 
 use super::inode::LayerTable;
-use crate::fetch::{BlobSource, FillProgress};
+use crate::fetch::{BlobSource, FillProgress, PrefetchProgress};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use weenv_format::{Digest, FrameIdx, Toc};
@@ -43,6 +43,13 @@ pub struct Layer {
     ra_horizon: Box<[AtomicU32]>,
     /// Blob-order scan detection across files (see [`super::readahead::scan_step`]).
     pub scan: parking_lot::Mutex<super::readahead::ScanState>,
+    /// Per file node: already in `access_log`.
+    accessed: Box<[AtomicBool]>,
+    /// File nodes in the order they were first read (or opened with passthrough): the
+    /// start-up profile `weenv profile` prints.
+    access_log: parking_lot::Mutex<Vec<u32>>,
+    /// Start-up prefetch of this layer (frames named by the image manifest).
+    pub prefetch: Arc<PrefetchProgress>,
 }
 
 impl Layer {
@@ -61,6 +68,40 @@ impl Layer {
             touched,
             ra_horizon: (0..table_len).map(|_| AtomicU32::new(0)).collect(),
             scan: parking_lot::Mutex::new(super::readahead::ScanState::default()),
+            accessed: (0..table_len).map(|_| AtomicBool::new(false)).collect(),
+            access_log: parking_lot::Mutex::new(Vec::new()),
+            prefetch: Arc::new(PrefetchProgress::default()),
+        }
+    }
+
+    /// Records that file `node` was read (first time only; cheap after that).
+    pub fn note_access(&self, node: u32) {
+        if self
+            .accessed
+            .get(node as usize)
+            .is_some_and(|a| !a.swap(true, Ordering::Relaxed))
+        {
+            self.access_log.lock().push(node);
+        }
+    }
+
+    /// Paths (relative to the layer root) of the files read since the layer was added or
+    /// the log was last reset, in first-read order.
+    pub fn accessed_paths(&self) -> Vec<String> {
+        let nodes = self.access_log.lock().clone();
+        nodes
+            .into_iter()
+            .filter_map(|n| self.table.path_of(n))
+            .collect()
+    }
+
+    /// Forgets the access log (to record a new workload).
+    pub fn reset_access(&self) {
+        let mut log = self.access_log.lock();
+        for n in log.drain(..) {
+            if let Some(a) = self.accessed.get(n as usize) {
+                a.store(false, Ordering::Relaxed);
+            }
         }
     }
 
@@ -111,5 +152,30 @@ mod tests {
         assert_eq!(decode_ino(encode_ino(7, 123_456)), Some((7, 123_456)));
         assert_ne!(encode_ino(0, 0), ROOT_INO);
         assert_eq!(decode_ino(1 << 32), None);
+    }
+
+    #[test]
+    fn access_log_keeps_first_read_order_and_resets() {
+        use crate::fetch::testutil::{build_layer, tar_of, MemSource, T};
+        let (_, toc, blob) = build_layer(
+            &tar_of(&[
+                T::Dir("usr"),
+                T::File("usr/a", b"aaaa".to_vec()),
+                T::File("b", b"bb".to_vec()),
+            ]),
+            4096,
+        );
+        let src: Arc<dyn BlobSource> = MemSource::gated(blob).0;
+        let l = Layer::new(Digest::sha256(b"l"), 0, Arc::new(toc), src);
+        let a = l.table.resolve("usr/a").unwrap();
+        let b = l.table.resolve("b").unwrap();
+        l.note_access(b);
+        l.note_access(a);
+        l.note_access(b);
+        assert_eq!(l.accessed_paths(), vec!["b", "usr/a"]);
+        l.reset_access();
+        assert!(l.accessed_paths().is_empty());
+        l.note_access(a);
+        assert_eq!(l.accessed_paths(), vec!["usr/a"]);
     }
 }

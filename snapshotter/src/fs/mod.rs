@@ -226,6 +226,9 @@ impl Filesystem for WeenvFs {
                 });
             }
         }
+        if complete {
+            layer.note_access(node); // reads will not reach us: record the open
+        }
         match self.st.passthrough.begin_open(ino.0, complete) {
             OpenMode::Cached => self.st.passthrough.reply_cached(reply),
             OpenMode::Passthrough => {
@@ -274,6 +277,7 @@ impl Filesystem for WeenvFs {
             let scan = self.st.scan_frames(&plan);
             self.st.prefetch(plan.layer.clone(), scan);
         }
+        plan.layer.note_access(plan.node);
         if plan.layer.first_touch(plan.node) {
             self.touch_dir_of(&plan.layer, plan.node);
         }

@@ -3,6 +3,7 @@
 //!
 //! - [`probe`]: pure classification of a blob tail (weenv or not, what else to read).
 //! - [`toc_cache`]: verified TOC tails cached on disk by layer digest.
+//! - [`profile`]: the image manifest's start-up prefetch annotation for a layer.
 //! - [`provider`]: [`WeenvLayers`], the real [`LayerProvider`] (registry + FUSE layer store).
 //!
 //! containerd passes `containerd.io/snapshot.ref=<target chainID>` plus one of two label
@@ -13,6 +14,7 @@
 //!   `containerd.io/snapshot/remote/stargz.digest`.
 
 pub mod probe;
+pub mod profile;
 pub mod provider;
 pub mod toc_cache;
 
@@ -29,6 +31,8 @@ pub const LABEL_TARGET: &str = "containerd.io/snapshot.ref";
 pub const LABEL_CRI_IMAGE_REF: &str = "containerd.io/snapshot/cri.image-ref";
 /// CRI layer digest label.
 pub const LABEL_CRI_LAYER_DIGEST: &str = "containerd.io/snapshot/cri.layer-digest";
+/// CRI manifest digest label (also sent by `weenv pull`).
+pub const LABEL_CRI_MANIFEST_DIGEST: &str = "containerd.io/snapshot/cri.manifest-digest";
 /// stargz (`ctr-remote`) image reference label.
 pub const LABEL_STARGZ_REFERENCE: &str = "containerd.io/snapshot/remote/stargz.reference";
 /// stargz (`ctr-remote`) layer digest label.
@@ -65,6 +69,9 @@ pub struct RemoteLayerRequest {
     pub reference: String,
     /// Layer blob digest.
     pub digest: Digest,
+    /// Image manifest digest, when the labels name it (CRI, `weenv pull`): where the layer's
+    /// start-up prefetch profile is read from.
+    pub manifest: Option<String>,
 }
 
 impl RemoteLayerRequest {
@@ -86,6 +93,7 @@ impl RemoteLayerRequest {
             target: target.clone(),
             reference: reference.clone(),
             digest: digest.parse().ok()?,
+            manifest: labels.get(LABEL_CRI_MANIFEST_DIGEST).cloned(),
         })
     }
 }
@@ -111,6 +119,9 @@ pub trait LayerProvider: Send + Sync + 'static {
     async fn remount(&self, digest: &Digest) -> Result<MountedLayer, RemoteError>;
     /// Stop exposing a layer that no snapshot refers to any more.
     fn release(&self, digest: &Digest) -> Result<(), RemoteError>;
+    /// Start the start-up prefetch of an exposed layer for the image `req` names (in the
+    /// background; no-op without a profile).
+    fn prefetch(&self, _req: &RemoteLayerRequest) {}
 }
 
 #[cfg(test)]

@@ -7,13 +7,14 @@
 //! keyed by digest, so the same layer under any chain or image reuses the same FUSE dir.
 
 use super::probe::{classify_tail, probe_range, TailVerdict};
+use super::profile::ProfileCache;
 use super::toc_cache::TocCache;
 use super::{LayerProvider, MountedLayer, RemoteError, RemoteLayerRequest};
 use crate::fetch::RegistryBlobSource;
 use crate::layers::LayerStore;
 use crate::store::{LayerKind, LayerRecord, MetaStore};
 use std::sync::Arc;
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 use weenv_format::{Digest, EntryKind, Toc};
 use weenv_registry::{Client, Reference};
 
@@ -23,6 +24,7 @@ pub struct WeenvLayers {
     layers: Arc<LayerStore>,
     registry: Client,
     tocs: TocCache,
+    profiles: Arc<ProfileCache>,
 }
 
 /// (size, inodes) reported as usage of a remote snapshot.
@@ -48,6 +50,7 @@ impl WeenvLayers {
             layers,
             registry,
             tocs,
+            profiles: Arc::new(ProfileCache::default()),
         }
     }
 
@@ -155,7 +158,11 @@ impl LayerProvider for WeenvLayers {
                 ..
             }) => return Ok(None),
             Some(rec) => match self.tocs.get(d, rec.size) {
-                Ok(toc) => return self.expose(d, &rec.reference, rec.size, toc).map(Some),
+                Ok(toc) => {
+                    let m = self.expose(d, &rec.reference, rec.size, toc)?;
+                    self.prefetch(req);
+                    return Ok(Some(m));
+                }
                 Err(e) => info!(digest = %d, error = %e, "cached TOC unusable; fetching it again"),
             },
             None => {}
@@ -193,7 +200,9 @@ impl LayerProvider for WeenvLayers {
             })
             .map_err(|e| store_err(d, e))?;
         info!(digest = %d, reference = %req.reference, entries = toc.entries.len(), "weenv layer detected");
-        self.expose(d, &req.reference, size, toc).map(Some)
+        let m = self.expose(d, &req.reference, size, toc)?;
+        self.prefetch(req);
+        Ok(Some(m))
     }
 
     async fn remount(&self, d: &Digest) -> Result<MountedLayer, RemoteError> {
@@ -231,6 +240,41 @@ impl LayerProvider for WeenvLayers {
                 self.expose(d, &rec.reference, size, toc)
             }
         }
+    }
+
+    fn prefetch(&self, req: &RemoteLayerRequest) {
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (registry, layers, profiles, req) = (
+            self.registry.clone(),
+            self.layers.clone(),
+            self.profiles.clone(),
+            req.clone(),
+        );
+        rt.spawn(async move {
+            let d = &req.digest;
+            let Some(frames) = layers.frame_count(d) else {
+                return;
+            };
+            let value = match profiles
+                .annotation(&registry, &req.reference, req.manifest.as_deref(), d)
+                .await
+            {
+                Ok(Some(v)) => v,
+                Ok(None) => return,
+                Err(e) => {
+                    warn!(digest = %d, reference = %req.reference, error = %e, "cannot read the image manifest for its start-up profile; no prefetch");
+                    return;
+                }
+            };
+            match weenv_format::prefetch::decode_frames(&value, frames) {
+                Ok(f) => layers.prefetch(d, f),
+                Err(e) => {
+                    warn!(digest = %d, reference = %req.reference, error = %e, "bad start-up profile in the image manifest; no prefetch")
+                }
+            }
+        });
     }
 
     fn release(&self, d: &Digest) -> Result<(), RemoteError> {
