@@ -62,6 +62,16 @@ pub enum ConvertError {
     #[error("verification failed for {failed} of {total} layers (see the report above)")]
     VerifyFailed { failed: usize, total: usize },
 
+    #[error("{location}: no weenv layer in the image, so a prefetch profile has nothing to annotate (convert it first: weenv-convert image SRC DST)")]
+    NotWeenv { location: String },
+
+    #[error("{location}: none of the profile's {paths} paths names a regular file in the image (first: {first:?}); wrong image or wrong profile? Nothing was written")]
+    ProfileUnresolved {
+        location: String,
+        paths: usize,
+        first: String,
+    },
+
     #[error("internal task failed: {0}")]
     Task(String),
 }

@@ -10,9 +10,11 @@ use crate::summary::human;
 use crate::verify::image_manifests;
 use crate::ConvertError;
 use serde::Serialize;
+use std::sync::Arc;
+use weenv_format::prefetch::{decode_frames, ANNOTATION_PREFETCH};
 use weenv_format::reader::{LayerReader, TocHint};
 use weenv_format::{EntryKind, RangeRead, Toc};
-use weenv_registry::{BlobRangeReader, Client};
+use weenv_registry::{BlobRangeReader, Client, Descriptor};
 
 /// One layer as seen by `inspect`.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -29,6 +31,14 @@ pub struct LayerInfo {
     pub tar_size: u64,
     pub frames: u64,
     pub toc_size: u64,
+    /// Frames listed in the layer's `io.weenv.prefetch.frames` annotation (`None`: no
+    /// start-up prefetch profile for this layer).
+    pub prefetch_frames: Option<u64>,
+    /// Compressed bytes of those frames.
+    pub prefetch_bytes: u64,
+    /// The annotation is present but invalid (the snapshotter ignores it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prefetch_error: Option<String>,
 }
 
 fn toc_info(toc: &Toc, info: &mut LayerInfo, toc_size: u64) {
@@ -50,6 +60,73 @@ fn open_toc<R: RangeRead>(r: R, hint: Option<TocHint>) -> Result<(Toc, u64), Str
     Ok((reader.into_toc(), len))
 }
 
+/// The TOC (and its encoded size) of layer `l` of `source`, or `None` for a layer that is not
+/// a weenv layer. In a registry that costs one ranged GET and needs the descriptor's
+/// `io.weenv.toc.*` annotations (without them the layer counts as not weenv); in a layout or
+/// archive the blob is read in place, located by the annotations or else by its footer.
+pub async fn layer_toc(
+    source: &Arc<Source>,
+    l: &Descriptor,
+) -> Result<Option<(Toc, u64)>, ConvertError> {
+    let hint = TocHint::from_annotations(&l.annotations)
+        .map_err(|e| ConvertError::format(&l.digest, e))?;
+    let local = match &**source {
+        Source::Registry { .. } => None,
+        _ => Some(source.blob(l, std::path::Path::new("/nonexistent")).await?),
+    };
+    let src = source.clone();
+    let desc = l.clone();
+    let handle = tokio::runtime::Handle::current();
+    let result = tokio::task::spawn_blocking(move || -> Result<Option<(Toc, u64)>, String> {
+        match (&*src, local) {
+            (Source::Registry { client, reference }, _) => {
+                let Some(hint) = hint else { return Ok(None) };
+                let r = BlobRangeReader::new(
+                    client.clone(),
+                    handle,
+                    reference.clone(),
+                    desc.digest.clone(),
+                )
+                .with_size(desc.size);
+                open_toc(r, Some(hint)).map(Some)
+            }
+            (_, None) => Ok(None),
+            (_, Some(blob)) => {
+                let r = blob.range_reader().map_err(|e| e.to_string())?;
+                match open_toc(r, hint.clone()) {
+                    Ok(t) => Ok(Some(t)),
+                    Err(e) if hint.is_some() => Err(e),
+                    Err(_) => Ok(None),
+                }
+            }
+        }
+    })
+    .await
+    .map_err(|e| ConvertError::Task(e.to_string()))?;
+    result.map_err(|e| ConvertError::CorruptBlob {
+        digest: l.digest.to_string(),
+        reason: format!("weenv TOC: {e}"),
+    })
+}
+
+/// Fills the prefetch fields of `info` from the descriptor's prefetch annotation, if any.
+fn prefetch_info(l: &Descriptor, toc: &Toc, info: &mut LayerInfo) {
+    let Some(v) = l.annotations.get(ANNOTATION_PREFETCH) else {
+        return;
+    };
+    match decode_frames(v, toc.frames.len()) {
+        Ok(frames) => {
+            info.prefetch_frames = Some(frames.len() as u64);
+            info.prefetch_bytes = frames
+                .iter()
+                .filter_map(|f| toc.frame(*f))
+                .map(|f| f.clen)
+                .sum();
+        }
+        Err(e) => info.prefetch_error = Some(e.to_string()),
+    }
+}
+
 /// Inspect the image at `loc`.
 pub async fn inspect_image(
     client: &Client,
@@ -62,7 +139,7 @@ pub async fn inspect_image(
             .await
             .map_err(|e| ConvertError::Task(e.to_string()))??
     };
-    let source = std::sync::Arc::new(source);
+    let source = Arc::new(source);
     let mut out = Vec::new();
     for (label, m, _) in image_manifests(&source, platform).await? {
         for (i, l) in m.layers.iter().enumerate() {
@@ -78,57 +155,27 @@ pub async fn inspect_image(
                 tar_size: 0,
                 frames: 0,
                 toc_size: 0,
+                prefetch_frames: None,
+                prefetch_bytes: 0,
+                prefetch_error: None,
             };
-            let hint = TocHint::from_annotations(&l.annotations)
-                .map_err(|e| ConvertError::format(&l.digest, e))?;
-            let local = match &*source {
-                Source::Registry { .. } => None,
-                _ => Some(source.blob(l, std::path::Path::new("/nonexistent")).await?),
-            };
-            let src = source.clone();
-            let desc = l.clone();
-            let handle = tokio::runtime::Handle::current();
-            let result =
-                tokio::task::spawn_blocking(move || -> Result<Option<(Toc, u64)>, String> {
-                    match (&*src, local) {
-                        (Source::Registry { client, reference }, _) => {
-                            let Some(hint) = hint else { return Ok(None) };
-                            let r = BlobRangeReader::new(
-                                client.clone(),
-                                handle,
-                                reference.clone(),
-                                desc.digest.clone(),
-                            )
-                            .with_size(desc.size);
-                            open_toc(r, Some(hint)).map(Some)
-                        }
-                        (_, None) => Ok(None),
-                        (_, Some(blob)) => {
-                            let r = blob.range_reader().map_err(|e| e.to_string())?;
-                            match open_toc(r, hint.clone()) {
-                                Ok(t) => Ok(Some(t)),
-                                Err(e) if hint.is_some() => Err(e),
-                                Err(_) => Ok(None),
-                            }
-                        }
-                    }
-                })
-                .await
-                .map_err(|e| ConvertError::Task(e.to_string()))?;
-            match result {
-                Ok(Some((toc, toc_size))) => toc_info(&toc, &mut info, toc_size),
-                Ok(None) => {}
-                Err(e) => {
-                    return Err(ConvertError::CorruptBlob {
-                        digest: l.digest.to_string(),
-                        reason: format!("weenv TOC: {e}"),
-                    })
-                }
+            if let Some((toc, toc_size)) = layer_toc(&source, l).await? {
+                toc_info(&toc, &mut info, toc_size);
+                prefetch_info(l, &toc, &mut info);
             }
             out.push(info);
         }
     }
     Ok(out)
+}
+
+/// `N (size)` frames of the layer's start-up prefetch profile, `-` without one.
+fn prefetch_cell(l: &LayerInfo) -> String {
+    match (&l.prefetch_error, l.prefetch_frames) {
+        (Some(_), _) => "invalid".into(),
+        (None, Some(n)) => format!("{n} ({})", human(l.prefetch_bytes)),
+        (None, None) => "-".into(),
+    }
 }
 
 /// Plain-text table of `inspect`.
@@ -137,8 +184,18 @@ pub fn info_table(layers: &[LayerInfo]) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "{:>3}  {:<19}  {:<10}  {:>10}  {:>10}  {:>7}  {:>8}  {:>8}  {:>7}  {:>9}",
-        "#", "digest", "kind", "size", "tar", "ratio", "entries", "files", "frames", "toc"
+        "{:>3}  {:<19}  {:<10}  {:>10}  {:>10}  {:>7}  {:>8}  {:>8}  {:>7}  {:>9}  {:>18}",
+        "#",
+        "digest",
+        "kind",
+        "size",
+        "tar",
+        "ratio",
+        "entries",
+        "files",
+        "frames",
+        "toc",
+        "prefetch"
     );
     let (mut size, mut tar) = (0u64, 0u64);
     for l in layers {
@@ -146,7 +203,7 @@ pub fn info_table(layers: &[LayerInfo]) -> String {
         tar += l.tar_size;
         let _ = writeln!(
             s,
-            "{:>3}  {:<19}  {:<10}  {:>10}  {:>10}  {:>7}  {:>8}  {:>8}  {:>7}  {:>9}",
+            "{:>3}  {:<19}  {:<10}  {:>10}  {:>10}  {:>7}  {:>8}  {:>8}  {:>7}  {:>9}  {:>18}",
             l.index,
             &l.digest[..l.digest.len().min(19)],
             if l.weenv { "weenv" } else { "other" },
@@ -169,6 +226,7 @@ pub fn info_table(layers: &[LayerInfo]) -> String {
             } else {
                 "-".into()
             },
+            prefetch_cell(l),
         );
     }
     let _ = writeln!(

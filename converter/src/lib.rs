@@ -10,7 +10,8 @@
 //!   indexes per platform, deterministic output).
 //! - [`sink`]: write to a registry (skip/mount/chunked upload) or an OCI layout.
 //! - [`verify`]: TOC, every frame digest and diff_id of every weenv layer.
-//! - [`inspect`]: layer sizes, entry counts, compression ratios.
+//! - [`inspect`]: layer sizes, entry counts, compression ratios, prefetch profile sizes.
+//! - [`prefetch`]: attach a start-up prefetch profile to an image (rewrites manifests only).
 //! - [`summary`]: reports and their tables.
 //!
 //! Errors: [`ConvertError`] (error.rs), one enum for the crate's modules.
@@ -24,6 +25,7 @@ pub mod layer;
 pub mod location;
 pub mod mutate;
 pub mod plan;
+pub mod prefetch;
 pub mod readahead;
 pub mod resolve_cache;
 pub mod sink;
@@ -36,6 +38,7 @@ pub use convert::{convert_image, ConvertOptions, NoProgress, PlatformSpec, Progr
 pub use error::ConvertError;
 pub use inspect::{inspect_image, LayerInfo};
 pub use location::ImageLocation;
+pub use prefetch::{apply_profile, read_profile, PrefetchLayer, PrefetchManifest, ProfileReport};
 pub use summary::{ImageReport, LayerAction, LayerReport, ManifestReport};
 pub use verify::{verify_image, LayerVerdict};
 

@@ -7,10 +7,12 @@ use clap::{Parser, Subcommand};
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use weenv_converter::prefetch::profile_table;
 use weenv_converter::summary::{human, image_table};
 use weenv_converter::{
-    convert_image, inspect::info_table, inspect_image, registry_config, verify::verdict_table,
-    verify_image, ConvertError, ConvertOptions, ImageLocation, LayerReport, PlatformSpec, Progress,
+    apply_profile, convert_image, inspect::info_table, inspect_image, read_profile,
+    registry_config, verify::verdict_table, verify_image, ConvertError, ConvertOptions,
+    ImageLocation, LayerReport, PlatformSpec, Progress,
 };
 use weenv_format::writer::WriterOptions;
 use weenv_registry::Client;
@@ -58,11 +60,40 @@ enum Cmd {
         /// Layers converted at once (default: number of cores).
         #[arg(long)]
         jobs: Option<usize>,
+        /// After converting, attach this start-up prefetch profile to DST (as `prefetch DST
+        /// --profile FILE`; `-` reads stdin). Read before converting.
+        #[arg(long, value_name = "FILE")]
+        prefetch_profile: Option<String>,
     },
     /// Check every weenv layer: TOC, every frame digest, and the diff_id of the whole stream.
     Verify { image: String },
-    /// Show layers, sizes, entry counts and compression ratios.
+    /// Show layers, sizes, entry counts, compression ratios and prefetch profile sizes.
     Inspect { image: String },
+    /// Attach a start-up prefetch profile to a weenv image: rewrites only the manifest(s).
+    ///
+    /// The profile lists the files a container reads at start-up, one path per line (`#`
+    /// comments), as `weenv profile` prints them. Paths are resolved through the image's
+    /// merged view (whiteouts, opaque directories, symlinks, hardlinks), and every weenv layer
+    /// descriptor gets the frames holding those files in the annotation
+    /// io.weenv.prefetch.frames; the snapshotter fetches them as soon as it mounts the layer.
+    /// No layer or config blob is re-uploaded (same repository: nothing copied; another
+    /// repository of the same registry: cross-repository mount).
+    ///
+    /// Paths that do not resolve (absent, deleted by a whiteout, not a regular file) are listed
+    /// and skipped. If NO path resolves, nothing is written and the command fails (wrong image
+    /// or profile). An empty profile removes the image's profile. An image without any weenv
+    /// layer is an error. Same image + same profile = same manifest digest.
+    #[command(verbatim_doc_comment)]
+    Prefetch {
+        /// The weenv image (reg/repo:tag, reg/repo@sha256:.., oci:DIR[:tag]).
+        image: String,
+        /// Profile file, one path per line; `-` reads stdin.
+        #[arg(long, value_name = "FILE")]
+        profile: String,
+        /// Write the profiled image here instead of back to IMAGE's place and tag.
+        #[arg(long, value_name = "DST")]
+        to: Option<String>,
+    },
     /// Layer groups: create, mutate.
     #[command(subcommand)]
     Group(Box<cli_groups::GroupCmd>),
@@ -152,7 +183,9 @@ fn run() -> Result<()> {
                 small_file_threshold,
                 level,
                 jobs,
+                prefetch_profile,
             } => {
+                let profile = prefetch_profile.as_deref().map(read_profile).transpose()?;
                 let mut opts = ConvertOptions {
                     writer: WriterOptions {
                         frame_size,
@@ -160,7 +193,7 @@ fn run() -> Result<()> {
                         chunk_size,
                         level,
                     },
-                    platform,
+                    platform: platform.clone(),
                     ..ConvertOptions::default()
                 };
                 if let Some(j) = jobs {
@@ -170,18 +203,35 @@ fn run() -> Result<()> {
                     multi: MultiProgress::new(),
                     bars: Mutex::new(HashMap::new()),
                 });
-                let report = convert_image(
-                    &client,
-                    &ImageLocation::parse(&src)?,
-                    &ImageLocation::parse(&dst)?,
-                    &opts,
-                    bars,
-                )
-                .await?;
+                let dst = ImageLocation::parse(&dst)?;
+                let report =
+                    convert_image(&client, &ImageLocation::parse(&src)?, &dst, &opts, bars)
+                        .await?;
+                let prefetch = match &profile {
+                    Some(paths) => Some(
+                        apply_profile(&client, &dst, None, paths, platform.as_ref())
+                            .await
+                            .with_context(|| {
+                                format!("{dst} was converted but its prefetch profile was not applied")
+                            })?,
+                    ),
+                    None => None,
+                };
                 if cli.json {
-                    println!("{}", serde_json::to_string_pretty(&report)?);
+                    match &prefetch {
+                        Some(p) => println!(
+                            "{}",
+                            serde_json::to_string_pretty(
+                                &serde_json::json!({"convert": report, "prefetch": p})
+                            )?
+                        ),
+                        None => println!("{}", serde_json::to_string_pretty(&report)?),
+                    }
                 } else {
                     print!("{}", image_table(&report));
+                    if let Some(p) = &prefetch {
+                        print!("{}", profile_table(p));
+                    }
                 }
             }
             Cmd::Verify { image } => {
@@ -208,6 +258,27 @@ fn run() -> Result<()> {
                 cli_groups::run_group(&client, *g, cli.platform.as_deref(), cli.json).await?
             }
             Cmd::Plan(p) => cli_groups::run_plan(&client, *p, cli.json).await?,
+            Cmd::Prefetch { image, profile, to } => {
+                let paths = read_profile(&profile)?;
+                let to = to.as_deref().map(ImageLocation::parse).transpose()?;
+                let r = apply_profile(
+                    &client,
+                    &ImageLocation::parse(&image)?,
+                    to.as_ref(),
+                    &paths,
+                    platform.as_ref(),
+                )
+                .await?;
+                if cli.json {
+                    println!("{}", serde_json::to_string_pretty(&r)?);
+                } else {
+                    print!("{}", profile_table(&r));
+                }
+                let unresolved = r.manifests.iter().map(|m| m.unresolved.len()).max();
+                if let Some(n @ 1..) = unresolved {
+                    eprintln!("weenv-convert: warning: {n} of {} profile paths did not resolve (listed above)", r.paths);
+                }
+            }
             Cmd::Inspect { image } => {
                 let info =
                     inspect_image(&client, &ImageLocation::parse(&image)?, platform.as_ref())

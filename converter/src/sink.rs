@@ -137,21 +137,50 @@ impl Sink {
 
     /// Put a blob that exists as a local byte range. A temporary blob may be moved.
     pub async fn put_local(&self, d: &Digest, blob: &LocalBlob) -> Result<Put, ConvertError> {
+        match self.has_or_mount(d, blob.len).await? {
+            Some(p) => Ok(p),
+            None => self.upload_local(d, blob).await,
+        }
+    }
+
+    /// `Some` when the destination has blob `d` (`size` bytes) already, or just got it by a
+    /// cross-repository mount from the source repository (registry); `None` when its bytes
+    /// must be sent ([`Sink::upload_local`]).
+    pub async fn has_or_mount(&self, d: &Digest, size: u64) -> Result<Option<Put>, ConvertError> {
         match self {
             Sink::Registry {
                 client,
                 reference,
                 mount_from,
-                upload_chunk,
+                ..
             } => {
                 if client.head_blob(reference, d).await?.is_some() {
-                    return Ok(Put::Existing);
+                    return Ok(Some(Put::Existing));
                 }
                 if let Some(from) = mount_from {
                     if client.mount_blob(reference, from, d).await? {
-                        return Ok(Put::Mounted);
+                        return Ok(Some(Put::Mounted));
                     }
                 }
+                Ok(None)
+            }
+            Sink::Layout { dir, .. } => Ok(std::fs::metadata(layout_blob_path(dir, d))
+                .ok()
+                .filter(|m| m.len() == size)
+                .map(|_| Put::Existing)),
+        }
+    }
+
+    /// Send the bytes of a local blob (the caller checked [`Sink::has_or_mount`]): one PUT
+    /// for a small blob, chunks for a large one; moved or copied into a layout.
+    pub async fn upload_local(&self, d: &Digest, blob: &LocalBlob) -> Result<Put, ConvertError> {
+        match self {
+            Sink::Registry {
+                client,
+                reference,
+                upload_chunk,
+                ..
+            } => {
                 if blob.len <= *upload_chunk as u64 {
                     // Small blob: one monolithic PUT (POST + PUT) from memory.
                     let mut bytes = Vec::with_capacity(blob.len as usize);
@@ -174,11 +203,6 @@ impl Sink {
             }
             Sink::Layout { dir, .. } => {
                 let path = layout_blob_path(dir, d);
-                if let Ok(m) = std::fs::metadata(&path) {
-                    if m.len() == blob.len {
-                        return Ok(Put::Existing);
-                    }
-                }
                 if blob.temporary && blob.offset == 0 && std::fs::rename(&blob.path, &path).is_ok()
                 {
                     return Ok(Put::Written);

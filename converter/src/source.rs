@@ -148,6 +148,14 @@ impl Source {
         })
     }
 
+    /// [`Source::open`] on a blocking thread (a docker archive is hashed while opening).
+    pub async fn open_async(loc: &ImageLocation, client: &Client) -> Result<Source, ConvertError> {
+        let (client, loc) = (client.clone(), loc.clone());
+        tokio::task::spawn_blocking(move || Source::open(&loc, &client))
+            .await
+            .map_err(|e| ConvertError::Task(e.to_string()))?
+    }
+
     /// The registry and repository of a registry source (for cross-repository mounts).
     pub fn registry_repo(&self) -> Option<(&str, &str)> {
         match self {

@@ -149,6 +149,78 @@ pub fn image_table(r: &ImageReport) -> String {
     s
 }
 
+/// Plain-text report of [`crate::prefetch::apply_profile`].
+pub fn profile_table(r: &crate::prefetch::ProfileReport) -> String {
+    use std::fmt::Write;
+    let mut s = String::new();
+    let short = |d: &str| d[..d.len().min(19)].to_string();
+    for m in &r.manifests {
+        let _ = writeln!(
+            s,
+            "{}manifest {} -> {}{}",
+            m.platform
+                .as_deref()
+                .map(|p| format!("{p} "))
+                .unwrap_or_default(),
+            short(&m.source_digest),
+            short(&m.digest),
+            if m.digest == m.source_digest {
+                " (unchanged)"
+            } else {
+                ""
+            }
+        );
+        let _ = writeln!(
+            s,
+            "{:>3}  {:<19}  {:<6}  {:>6}  {:>15}  {:>10}  {:>10}",
+            "#", "digest", "kind", "files", "frames", "prefetch", "layer"
+        );
+        for l in &m.layers {
+            let _ = writeln!(
+                s,
+                "{:>3}  {:<19}  {:<6}  {:>6}  {:>15}  {:>10}  {:>10}",
+                l.index,
+                short(&l.digest),
+                if l.weenv { "weenv" } else { "other" },
+                l.files,
+                format!("{}/{}", l.frames, l.layer_frames),
+                human(l.bytes),
+                human(l.size),
+            );
+        }
+        let resolved = r.paths - m.unresolved.len();
+        let _ = writeln!(
+            s,
+            "{resolved}/{} paths resolved ({} of files), prefetch {} compressed; blobs: {} present, {} mounted, {} copied",
+            r.paths,
+            human(m.file_bytes),
+            human(m.bytes()),
+            m.blobs.existing,
+            m.blobs.mounted,
+            m.blobs.written,
+        );
+        if !m.unresolved.is_empty() {
+            let _ = writeln!(
+                s,
+                "unresolved ({}: absent, deleted, or not a regular file):",
+                m.unresolved.len()
+            );
+            for p in m.unresolved.iter().take(20) {
+                let _ = writeln!(s, "    {p}");
+            }
+            if m.unresolved.len() > 20 {
+                let _ = writeln!(
+                    s,
+                    "    ... {} more (--json lists all)",
+                    m.unresolved.len() - 20
+                );
+            }
+        }
+    }
+    let _ = writeln!(s, "wrote {} {}", r.destination, r.digest);
+    s
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {

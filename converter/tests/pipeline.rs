@@ -3,21 +3,18 @@
 
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
+use common::{client, layout, rt, sha};
 use flate2::write::GzEncoder;
 use proptest::prelude::*;
-use sha2::{Digest as _, Sha256};
 use std::io::{Read, Write};
 use std::path::Path;
 use std::sync::Arc;
 use weenv_converter::{
-    convert_image, registry_config, verify_image, ConvertError, ConvertOptions, ImageLocation,
-    LayerAction, NoProgress,
+    convert_image, verify_image, ConvertError, ConvertOptions, ImageLocation, LayerAction,
+    NoProgress,
 };
-use weenv_registry::Client;
-
-fn sha(data: &[u8]) -> String {
-    format!("sha256:{}", hex::encode(Sha256::digest(data)))
-}
 
 fn tar_of(files: &[(String, Vec<u8>)]) -> Vec<u8> {
     let mut b = tar::Builder::new(Vec::new());
@@ -41,49 +38,6 @@ fn gzip(data: &[u8]) -> Vec<u8> {
     let mut e = GzEncoder::new(Vec::new(), flate2::Compression::fast());
     e.write_all(data).unwrap();
     e.finish().unwrap()
-}
-
-fn put(dir: &Path, data: &[u8]) -> String {
-    let d = sha(data);
-    std::fs::write(dir.join("blobs/sha256").join(&d[7..]), data).unwrap();
-    d
-}
-
-/// An OCI layout at `dir` with one image tagged `tag` whose layers are `layers`
-/// (media type, blob) and whose diff_ids are `diff_ids`.
-fn layout(dir: &Path, tag: &str, layers: &[(&str, Vec<u8>)], diff_ids: &[String]) {
-    std::fs::create_dir_all(dir.join("blobs/sha256")).unwrap();
-    std::fs::write(dir.join("oci-layout"), r#"{"imageLayoutVersion":"1.0.0"}"#).unwrap();
-    let config = serde_json::to_vec(&serde_json::json!({
-        "architecture": "amd64", "os": "linux",
-        "rootfs": {"type": "layers", "diff_ids": diff_ids}}))
-    .unwrap();
-    let cd = put(dir, &config);
-    let descs: Vec<_> = layers
-        .iter()
-        .map(|(mt, b)| serde_json::json!({"mediaType": mt, "digest": put(dir, b), "size": b.len()}))
-        .collect();
-    let manifest = serde_json::to_vec(&serde_json::json!({
-        "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
-        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": cd, "size": config.len()},
-        "layers": descs})).unwrap();
-    let md = put(dir, &manifest);
-    let index = serde_json::json!({"schemaVersion": 2, "manifests": [{
-        "mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": md, "size": manifest.len(),
-        "annotations": {"org.opencontainers.image.ref.name": tag}}]});
-    std::fs::write(dir.join("index.json"), serde_json::to_vec(&index).unwrap()).unwrap();
-}
-
-fn client() -> Client {
-    Client::new(registry_config(&[])).unwrap()
-}
-
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
 }
 
 async fn convert(src: &str, dst: &str) -> Result<weenv_converter::ImageReport, ConvertError> {

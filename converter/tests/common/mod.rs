@@ -1,0 +1,56 @@
+//! Helpers shared by the converter's test binaries: OCI layouts built from blobs, a client,
+//! a runtime.
+
+#![allow(dead_code, clippy::unwrap_used)]
+
+use sha2::{Digest as _, Sha256};
+use std::path::Path;
+use weenv_converter::registry_config;
+use weenv_registry::Client;
+
+pub fn sha(data: &[u8]) -> String {
+    format!("sha256:{}", hex::encode(Sha256::digest(data)))
+}
+
+pub fn put(dir: &Path, data: &[u8]) -> String {
+    let d = sha(data);
+    std::fs::write(dir.join("blobs/sha256").join(&d[7..]), data).unwrap();
+    d
+}
+
+/// An OCI layout at `dir` with one image tagged `tag` whose layers are `layers`
+/// (media type, blob) and whose diff_ids are `diff_ids`.
+pub fn layout(dir: &Path, tag: &str, layers: &[(&str, Vec<u8>)], diff_ids: &[String]) {
+    std::fs::create_dir_all(dir.join("blobs/sha256")).unwrap();
+    std::fs::write(dir.join("oci-layout"), r#"{"imageLayoutVersion":"1.0.0"}"#).unwrap();
+    let config = serde_json::to_vec(&serde_json::json!({
+        "architecture": "amd64", "os": "linux",
+        "rootfs": {"type": "layers", "diff_ids": diff_ids}}))
+    .unwrap();
+    let cd = put(dir, &config);
+    let descs: Vec<_> = layers
+        .iter()
+        .map(|(mt, b)| serde_json::json!({"mediaType": mt, "digest": put(dir, b), "size": b.len()}))
+        .collect();
+    let manifest = serde_json::to_vec(&serde_json::json!({
+        "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": cd, "size": config.len()},
+        "layers": descs})).unwrap();
+    let md = put(dir, &manifest);
+    let index = serde_json::json!({"schemaVersion": 2, "manifests": [{
+        "mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": md, "size": manifest.len(),
+        "annotations": {"org.opencontainers.image.ref.name": tag}}]});
+    std::fs::write(dir.join("index.json"), serde_json::to_vec(&index).unwrap()).unwrap();
+}
+
+pub fn client() -> Client {
+    Client::new(registry_config(&[])).unwrap()
+}
+
+pub fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
