@@ -7,113 +7,16 @@
 
 mod common;
 
-use common::{client, layout, rt, sha};
+use common::two_layer::{convert, paths, two_layer_source, PROFILE};
+use common::{client, rt};
 use std::collections::BTreeSet;
 use std::path::Path;
-use std::sync::Arc;
 use weenv_converter::{
-    apply_profile, convert_image, inspect_image, verify_image, ConvertError, ConvertOptions,
-    ImageLocation, NoProgress, ProfileReport,
+    apply_profile, inspect_image, verify_image, ConvertError, ImageLocation, ProfileReport,
 };
 use weenv_format::prefetch::{decode_frames, ANNOTATION_PREFETCH};
 use weenv_format::{FrameIdx, LayerReader, Toc, TocHint};
 use weenv_registry::{ImageManifest, Manifest};
-
-enum E<'a> {
-    Dir(&'a str),
-    File(&'a str, Vec<u8>),
-    Link(&'a str, &'a str),
-}
-
-fn data(seed: u32, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(2_654_435_761).wrapping_add(1);
-    (0..len)
-        .map(|_| {
-            x = x.wrapping_mul(1_103_515_245).wrapping_add(12345);
-            (x >> 16) as u8
-        })
-        .collect()
-}
-
-fn tar_of(entries: &[E]) -> Vec<u8> {
-    let mut b = tar::Builder::new(Vec::new());
-    b.mode(tar::HeaderMode::Deterministic);
-    for e in entries {
-        let mut h = tar::Header::new_gnu();
-        h.set_mode(0o755);
-        h.set_size(0);
-        match e {
-            E::Dir(p) => {
-                h.set_entry_type(tar::EntryType::Directory);
-                b.append_data(&mut h, p, std::io::empty()).unwrap();
-            }
-            E::File(p, d) => {
-                h.set_size(d.len() as u64);
-                b.append_data(&mut h, p, &d[..]).unwrap();
-            }
-            E::Link(p, target) => {
-                h.set_entry_type(tar::EntryType::Symlink);
-                b.append_link(&mut h, p, target).unwrap();
-            }
-        }
-    }
-    b.into_inner().unwrap()
-}
-
-/// Lower: keep, over, gone, small, link -> keep. Upper: over (new content), a whiteout of
-/// gone, new.
-fn two_layer_source(dir: &Path) {
-    let lower = tar_of(&[
-        E::Dir("d/"),
-        E::File("d/keep", data(1, 9000)),
-        E::File("d/over", data(2, 5000)),
-        E::File("d/gone", data(3, 3000)),
-        E::File("d/small", data(4, 100)),
-        E::File("d/other", data(5, 7000)),
-        E::Link("d/link", "keep"),
-    ]);
-    let upper = tar_of(&[
-        E::Dir("d/"),
-        E::File("d/over", data(6, 6000)),
-        E::File("d/.wh.gone", Vec::new()),
-        E::File("d/new", data(7, 800)),
-    ]);
-    let mt = "application/vnd.oci.image.layer.v1.tar";
-    layout(
-        dir,
-        "src",
-        &[(mt, lower.clone()), (mt, upper.clone())],
-        &[sha(&lower), sha(&upper)],
-    );
-}
-
-const PROFILE: &[&str] = &[
-    "/d/keep", "/d/over", "/d/gone", "d/link", "/d/new", "/d/small", "/nope",
-];
-
-fn paths(p: &[&str]) -> Vec<String> {
-    p.iter().map(|s| s.to_string()).collect()
-}
-
-async fn convert(src: &str, dst: &str) -> weenv_converter::ImageReport {
-    convert_image(
-        &client(),
-        &ImageLocation::parse(src).unwrap(),
-        &ImageLocation::parse(dst).unwrap(),
-        &ConvertOptions {
-            writer: weenv_format::writer::WriterOptions {
-                frame_size: 4096,
-                small_file_threshold: 1024,
-                chunk_size: 2048,
-                level: 3,
-            },
-            ..Default::default()
-        },
-        Arc::new(NoProgress),
-    )
-    .await
-    .unwrap()
-}
 
 async fn apply(image: &str, to: Option<&str>, p: &[String]) -> Result<ProfileReport, ConvertError> {
     let to = to.map(|t| ImageLocation::parse(t).unwrap());
@@ -390,4 +293,95 @@ fn cli_prefetch_reads_stdin_and_prints_json() {
     );
     let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(r["prefetch"]["digest"], expected.digest.as_str());
+}
+
+#[test]
+fn index_platforms_are_profiled_each_against_its_own_layers() {
+    use weenv_converter::PlatformSpec;
+    let tmp = tempfile::tempdir().unwrap();
+    let rt = rt();
+    let src = tmp.path().join("src");
+    common::two_layer::index_source(&src);
+    let dir = tmp.path().join("w");
+    let converted = rt.block_on(convert(
+        &format!("oci:{}:src", src.display()),
+        &format!("oci:{}:conv", dir.display()),
+    ));
+    assert_eq!(converted.manifests.len(), 2);
+    let img = format!("oci:{}:conv", dir.display());
+    let loc = ImageLocation::parse(&img).unwrap();
+    let index_of = |dir: &Path, tag: &str| {
+        let d = weenv_converter::source::layout_lookup(dir, Some(tag)).unwrap();
+        let bytes =
+            std::fs::read(weenv_converter::source::layout_blob_path(dir, &d.digest)).unwrap();
+        match Manifest::parse(&d.media_type, &bytes).unwrap() {
+            Manifest::Index(ix) => ix,
+            Manifest::Image(_) => panic!("manifest"),
+        }
+    };
+
+    // Every platform: the arm64 image has no upper layer, so /d/gone resolves and /d/new not.
+    let r = rt.block_on(apply(&img, None, &paths(PROFILE))).unwrap();
+    assert_eq!(r.manifests.len(), 2);
+    let by = |p: &str| {
+        r.manifests
+            .iter()
+            .find(|m| m.platform.as_deref() == Some(p))
+            .unwrap()
+    };
+    assert_eq!(by("linux/amd64").unresolved, paths(&["/d/gone", "/nope"]));
+    assert_eq!(by("linux/arm64").unresolved, paths(&["/d/new", "/nope"]));
+    assert_eq!(by("linux/arm64").layers[0].files, 5 - 1);
+    let ix = index_of(&dir, "conv");
+    let digests: Vec<String> = ix.manifests.iter().map(|d| d.digest.to_string()).collect();
+    assert_eq!(
+        digests,
+        vec![
+            by("linux/amd64").digest.clone(),
+            by("linux/arm64").digest.clone()
+        ]
+    );
+    assert_eq!(r.digest, common::sha(&serde_json::to_vec(&ix).unwrap()));
+    let v = rt.block_on(verify_image(&client(), &loc, None)).unwrap();
+    assert!(
+        v.len() == 3 && v.iter().all(|l| l.problems.is_empty()),
+        "{v:?}"
+    );
+
+    // One platform in place: the other entry stays as it was.
+    let arm: PlatformSpec = "linux/arm64".parse().unwrap();
+    let only = rt
+        .block_on(apply_profile(
+            &client(),
+            &loc,
+            None,
+            &paths(&["/d/keep"]),
+            Some(&arm),
+        ))
+        .unwrap();
+    assert_eq!(only.manifests.len(), 1);
+    let ix2 = index_of(&dir, "conv");
+    assert_eq!(ix2.manifests[0], ix.manifests[0]);
+    assert_ne!(ix2.manifests[1].digest, ix.manifests[1].digest);
+    assert_eq!(ix2.manifests[1].platform, ix.manifests[1].platform);
+
+    // One platform elsewhere: a plain manifest, as `image --platform` writes.
+    let elsewhere = format!("oci:{}:p", tmp.path().join("elsewhere").display());
+    let dst = ImageLocation::parse(&elsewhere).unwrap();
+    let plain = rt
+        .block_on(apply_profile(
+            &client(),
+            &loc,
+            Some(&dst),
+            &paths(&["/d/keep"]),
+            Some(&arm),
+        ))
+        .unwrap();
+    assert_eq!(plain.digest, only.manifests[0].digest);
+    assert_eq!(
+        plain.media_type,
+        "application/vnd.oci.image.manifest.v1+json"
+    );
+    let v = rt.block_on(verify_image(&client(), &dst, None)).unwrap();
+    assert!(v.len() == 1 && v[0].problems.is_empty(), "{v:?}");
 }

@@ -3,6 +3,8 @@
 
 #![allow(dead_code, clippy::unwrap_used)]
 
+pub mod two_layer;
+
 use sha2::{Digest as _, Sha256};
 use std::path::Path;
 use weenv_converter::registry_config;
@@ -53,4 +55,64 @@ pub fn rt() -> tokio::runtime::Runtime {
         .enable_all()
         .build()
         .unwrap()
+}
+
+/// A `docker-registry serve` on a free 127.0.0.1 port with storage under a temp dir; killed
+/// (and reaped) on drop. `None` when the binary is not installed.
+pub struct Registry {
+    pub host: String,
+    child: std::process::Child,
+}
+
+impl Registry {
+    pub fn start(dir: &Path) -> Option<Registry> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let host = format!("127.0.0.1:{port}");
+        let cfg = dir.join("registry.yml");
+        std::fs::write(
+            &cfg,
+            format!(
+                "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: {host}\n",
+                dir.join("registry-data").display()
+            ),
+        )
+        .unwrap();
+        let log = std::fs::File::create(dir.join("registry.log")).unwrap();
+        let child = std::process::Command::new("docker-registry")
+            .arg("serve")
+            .arg(&cfg)
+            .stdin(std::process::Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .ok()?;
+        let reg = Registry { host, child };
+        let addr: std::net::SocketAddr = reg.host.parse().unwrap();
+        for _ in 0..400 {
+            if std::net::TcpStream::connect(addr).is_ok() {
+                return Some(reg);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        panic!(
+            "docker-registry did not listen on {addr}; see {}",
+            dir.join("registry.log").display()
+        );
+    }
+
+    /// A client talking plain HTTP to this registry.
+    pub fn client(&self) -> Client {
+        Client::new(registry_config(std::slice::from_ref(&self.host))).unwrap()
+    }
+}
+
+impl Drop for Registry {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
