@@ -269,14 +269,18 @@ fn run() -> Result<()> {
                     platform.as_ref(),
                 )
                 .await?;
+                // Warning first: the table's last line is the summary (scripts `tail -1`).
+                let unresolved = r.manifests.iter().map(|m| m.unresolved.len()).max();
+                if let Some(n @ 1..) = unresolved {
+                    eprintln!(
+                        "weenv-convert: warning: {n} of {} profile paths did not resolve (listed in the report)",
+                        r.paths
+                    );
+                }
                 if cli.json {
                     println!("{}", serde_json::to_string_pretty(&r)?);
                 } else {
                     print!("{}", profile_table(&r));
-                }
-                let unresolved = r.manifests.iter().map(|m| m.unresolved.len()).max();
-                if let Some(n @ 1..) = unresolved {
-                    eprintln!("weenv-convert: warning: {n} of {} profile paths did not resolve (listed above)", r.paths);
                 }
             }
             Cmd::Inspect { image } => {

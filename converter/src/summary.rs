@@ -217,7 +217,27 @@ pub fn profile_table(r: &crate::prefetch::ProfileReport) -> String {
             }
         }
     }
-    let _ = writeln!(s, "wrote {} {}", r.destination, r.digest);
+    let resolved: usize = r
+        .manifests
+        .iter()
+        .map(|m| r.paths - m.unresolved.len())
+        .max()
+        .unwrap_or(0);
+    let frames: usize = r
+        .manifests
+        .iter()
+        .flat_map(|m| &m.layers)
+        .map(|l| l.frames)
+        .sum();
+    let bytes: u64 = r.manifests.iter().map(|m| m.bytes()).sum();
+    let _ = writeln!(
+        s,
+        "wrote {} {}: {resolved}/{} paths, prefetch {frames} frames, {} compressed",
+        r.destination,
+        r.digest,
+        r.paths,
+        human(bytes)
+    );
     s
 }
 
