@@ -12,7 +12,7 @@ use weenv_converter::summary::{human, image_table};
 use weenv_converter::{
     apply_profile, convert_image, inspect::info_table, inspect_image, read_profile,
     registry_config, verify::verdict_table, verify_image, ConvertError, ConvertOptions,
-    ImageLocation, LayerReport, PlatformSpec, Progress,
+    ImageLocation, LayerReport, PlatformSpec, ProfileReport, Progress,
 };
 use weenv_format::writer::WriterOptions;
 use weenv_registry::Client;
@@ -145,6 +145,18 @@ impl Progress for Bars {
     }
 }
 
+/// Warns on stderr about profile paths that did not resolve; printed before the report, whose
+/// last line is the summary (scripts `tail -1` it).
+fn warn_unresolved(r: &ProfileReport) {
+    let unresolved = r.manifests.iter().map(|m| m.unresolved.len()).max();
+    if let Some(n @ 1..) = unresolved {
+        eprintln!(
+            "weenv-convert: warning: {n} of {} profile paths did not resolve (listed in the report)",
+            r.paths
+        );
+    }
+}
+
 fn main() -> std::process::ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -205,18 +217,22 @@ fn run() -> Result<()> {
                 });
                 let dst = ImageLocation::parse(&dst)?;
                 let report =
-                    convert_image(&client, &ImageLocation::parse(&src)?, &dst, &opts, bars)
-                        .await?;
+                    convert_image(&client, &ImageLocation::parse(&src)?, &dst, &opts, bars).await?;
                 let prefetch = match &profile {
                     Some(paths) => Some(
                         apply_profile(&client, &dst, None, paths, platform.as_ref())
                             .await
                             .with_context(|| {
-                                format!("{dst} was converted but its prefetch profile was not applied")
+                                format!(
+                                    "{dst} was converted but its prefetch profile was not applied"
+                                )
                             })?,
                     ),
                     None => None,
                 };
+                if let Some(p) = &prefetch {
+                    warn_unresolved(p);
+                }
                 if cli.json {
                     match &prefetch {
                         Some(p) => println!(
@@ -269,14 +285,7 @@ fn run() -> Result<()> {
                     platform.as_ref(),
                 )
                 .await?;
-                // Warning first: the table's last line is the summary (scripts `tail -1`).
-                let unresolved = r.manifests.iter().map(|m| m.unresolved.len()).max();
-                if let Some(n @ 1..) = unresolved {
-                    eprintln!(
-                        "weenv-convert: warning: {n} of {} profile paths did not resolve (listed in the report)",
-                        r.paths
-                    );
-                }
+                warn_unresolved(&r);
                 if cli.json {
                     println!("{}", serde_json::to_string_pretty(&r)?);
                 } else {
