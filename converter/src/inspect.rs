@@ -133,13 +133,7 @@ pub async fn inspect_image(
     loc: &ImageLocation,
     platform: Option<&PlatformSpec>,
 ) -> Result<Vec<LayerInfo>, ConvertError> {
-    let source = {
-        let (client, loc) = (client.clone(), loc.clone());
-        tokio::task::spawn_blocking(move || Source::open(&loc, &client))
-            .await
-            .map_err(|e| ConvertError::Task(e.to_string()))??
-    };
-    let source = Arc::new(source);
+    let source = Arc::new(Source::open_async(loc, client).await?);
     let mut out = Vec::new();
     for (label, m, _) in image_manifests(&source, platform).await? {
         for (i, l) in m.layers.iter().enumerate() {
