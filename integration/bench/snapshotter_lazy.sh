@@ -5,6 +5,11 @@
 # (registry -> node) is shaped with tc HTB to $RATE (netem is not available on this kernel
 # build, so no latency is added: read the numbers as bandwidth-bound, RTT ~0.05 ms).
 #
+# weenv runs twice on the start-up workload: with the image's start-up profile (recorded once
+# with `weenv profile` on a cold node, attached with `weenv-convert prefetch`: the daemon
+# prefetches those frames as the layers mount, while containerd creates the container) and
+# without one (on-demand reads only).
+#
 # Every run uses a fresh containerd root and a fresh snapshotter root (cold caches; containerd
 # shares blobs across namespaces, so a new namespace would not be cold). Medians of $RUNS runs.
 #
@@ -165,6 +170,18 @@ print("%.1f" % (n / dt / 1e6))
 '
 FIND_PY='import subprocess, time; t = time.time(); subprocess.run("find / -xdev | wc -l > /dev/null", shell=True); print("%.3f" % (time.time() - t))'
 
+# ---- start-up profile: record what $CMD reads (cold node, fill off), attach it to the
+# manifest as bench:weenv-profiled (only the manifest changes; see weenv-convert prefetch) ----
+d="$W/run-record"; start_stack "$d" false; C="ctr -a $d/ctd.sock"
+"$BIN/weenv" --config "$d/snap.toml" pull -a "$d/ctd.sock" -n default --plain-http "$REG/bench:weenv" >/dev/null
+"$BIN/weenv" --config "$d/snap.toml" profile --reset 2>/dev/null
+$C run --rm --snapshotter weenv "$REG/bench:weenv" rec python3 -c "$CMD" >/dev/null
+"$BIN/weenv" --config "$d/snap.toml" profile > "$W/startup.profile"
+stop_stack "$d"
+"$BIN/weenv-convert" --plain-http "$REG" prefetch "$REG/bench:weenv" --profile "$W/startup.profile" \
+    --to "$REG/bench:weenv-profiled" >"$W/prefetch.log" 2>&1
+log "profile: $(wc -l < "$W/startup.profile") files; $(tail -1 "$W/prefetch.log")"
+
 declare -A R
 for i in $(seq "$RUNS"); do
     # (a) overlayfs: full pull + first command
@@ -182,7 +199,18 @@ for i in $(seq "$RUNS"); do
     drop_caches; R[ovl_find]+="$($C run --rm "$REG/bench:gz" c4 python3 -c "$FIND_PY") "
     stop_stack "$d"
 
-    # (b) weenv: lazy pull + first command
+    # (b) weenv, image with its start-up profile: lazy pull + first command
+    d="$W/run-weenvprof-$i"; start_stack "$d" true; C="ctr -a $d/ctd.sock"
+    b0=$(rx); t0=$(now)
+    "$BIN/weenv" --config "$d/snap.toml" pull -a "$d/ctd.sock" -n default --plain-http "$REG/bench:weenv-profiled" >/dev/null
+    tp=$(now)
+    $C run --rm --snapshotter weenv "$REG/bench:weenv-profiled" c1 python3 -c "$CMD" >/dev/null
+    t1=$(now); b1=$(rx)
+    R[prof_start]+="$(echo "$t1 - $t0" | bc) "; R[prof_bytes]+="$((b1 - b0)) "
+    R[prof_pull]+="$(echo "$tp - $t0" | bc) "; R[prof_run]+="$(echo "$t1 - $tp" | bc) "
+    stop_stack "$d"
+
+    # (b2) weenv, no profile: lazy pull + first command
     d="$W/run-weenv-$i"; start_stack "$d" true; C="ctr -a $d/ctd.sock"
     b0=$(rx); t0=$(now)
     "$BIN/weenv" --config "$d/snap.toml" pull -a "$d/ctd.sock" -n default --plain-http "$REG/bench:weenv" >/dev/null
@@ -227,8 +255,12 @@ done
 m() { echo "${R[$1]}" | tr ' ' '\n' | grep -v '^$' | median; }
 printf '\n%-44s %12s %12s %8s\n' "metric (median of $RUNS, $RATE)" overlayfs weenv ratio
 row() { printf '%-44s %12s %12s %8s\n' "$1" "$2" "$3" "$(echo "scale=2; $4" | bc)"; }
-row "pull + '$CMD' cold (s)" "$(m ovl_start)" "$(m weenv_start)" "$(m ovl_start) / $(m weenv_start)"
-row "bytes received for that (MB)" "$(echo "scale=1; $(m ovl_bytes)/1000000" | bc)" "$(echo "scale=1; $(m weenv_bytes)/1000000" | bc)" "$(m weenv_bytes) / $(m ovl_bytes)"
+row "pull + '$CMD' cold, start-up profile (s)" "$(m ovl_start)" "$(m prof_start)" "$(m ovl_start) / $(m prof_start)"
+row "  bytes received for that (MB)" "$(echo "scale=1; $(m ovl_bytes)/1000000" | bc)" "$(echo "scale=1; $(m prof_bytes)/1000000" | bc)" "$(m prof_bytes) / $(m ovl_bytes)"
+row "  of which pull (s)" "$(m ovl_pull)" "$(m prof_pull)" "$(m ovl_pull) / $(m prof_pull)"
+row "  of which first command (s)" "$(m ovl_run)" "$(m prof_run)" "$(m ovl_run) / $(m prof_run)"
+row "same, image without a profile (s)" "$(m ovl_start)" "$(m weenv_start)" "$(m ovl_start) / $(m weenv_start)"
+row "  bytes received for that (MB)" "$(echo "scale=1; $(m ovl_bytes)/1000000" | bc)" "$(echo "scale=1; $(m weenv_bytes)/1000000" | bc)" "$(m weenv_bytes) / $(m ovl_bytes)"
 row "  same, weenv with background fill off (s)" "$(m ovl_start)" "$(m nofill_start)" "$(m ovl_start) / $(m nofill_start)"
 row "  bytes received, fill off (MB)" "$(echo "scale=1; $(m ovl_bytes)/1000000" | bc)" "$(echo "scale=1; $(m nofill_bytes)/1000000" | bc)" "$(m nofill_bytes) / $(m ovl_bytes)"
 row "  of which pull (s)" "$(m ovl_pull)" "$(m nofill_pull)" "$(m ovl_pull) / $(m nofill_pull)"
