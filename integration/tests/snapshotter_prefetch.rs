@@ -113,12 +113,16 @@ async fn recorded_profile_is_prefetched_at_mount() -> Result<()> {
     );
     ensure!(
         paths.iter().any(|p| p.starts_with("/usr/bin/python3"))
-            && paths.iter().any(|p| p.ends_with("/json/__init__.py")
-                || p.contains("/json/__pycache__/__init__")),
+            && paths
+                .iter()
+                .any(|p| p.ends_with("/json/__init__.py")
+                    || p.contains("/json/__pycache__/__init__")),
         "profile misses python3 or the json module:\n{profile}"
     );
     ensure!(
-        paths.iter().all(|p| p.starts_with('/') && !p.contains("/proc/")),
+        paths
+            .iter()
+            .all(|p| p.starts_with('/') && !p.contains("/proc/")),
         "{profile}"
     );
 
@@ -127,7 +131,13 @@ async fn recorded_profile_is_prefetched_at_mount() -> Result<()> {
     std::fs::write(&file, &profile)?;
     let profiled_direct = format!("{}/python:weenv-profiled", reg.host());
     let o = Command::new(workspace_bin("weenv-convert")?)
-        .args(["--plain-http", &reg.host(), "prefetch", &direct, "--profile"])
+        .args([
+            "--plain-http",
+            &reg.host(),
+            "prefetch",
+            &direct,
+            "--profile",
+        ])
         .arg(&file)
         .args(["--to", &profiled_direct])
         .output()?;
