@@ -10,7 +10,11 @@
 #      tar+zstd layers;
 #   5. starts weenv-snapshotter, registers it in containerd, pulls the python image lazily
 #      (`weenv pull`), runs python in it, and prints how long it took and what was fetched,
-#      next to the stock pull+run.
+#      next to the stock pull+run;
+#   6. records what that python start read (`weenv profile`), attaches it to the image as a
+#      start-up profile (`weenv-convert prefetch`: only the manifest changes) and pulls + runs
+#      the profiled image on a second, cold weenv-snapshotter (a fresh node): the daemon
+#      prefetches the profile while containerd creates the container.
 # Everything it starts is stopped and everything it mounts is unmounted on exit.
 # Env: WEENV_DEMO_LAZY=0 skips step 5; WEENV_DEMO_SKIP_BUILD=1 uses what target/debug has.
 set -euo pipefail
@@ -82,28 +86,36 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
   [proxy_plugins.weenv]
     type = "snapshot"
     address = "$SNAP_SOCK"
+  [proxy_plugins.weenvcold]
+    type = "snapshot"
+    address = "$W/snap2/snapshotter.sock"
 EOF2
 # weenv-snapshotter first, as the systemd unit orders it: containerd dials a proxy plugin
 # lazily and backs off for seconds after a failed dial to a socket that is not there yet.
-OBS_PORT=$(free_port)
-mkdir -p "$W/snap"
-cat > "$W/snap/config.toml" <<EOF2
+# Two daemons: "weenv" (step 5) and "weenvcold", a second node's cold cache (step 6).
+start_snapshotter() { # $1 = dir, $2 = observability port
+  mkdir -p "$1"
+  cat > "$1/config.toml" <<EOF2
 version = 1
-root_dir = "$W/snap/root"
-socket = "$SNAP_SOCK"
+root_dir = "$1/root"
+socket = "$1/snapshotter.sock"
 log_level = "info"
 [registry]
 plain_http = ["$HOST"]
 [observability]
-listen = "127.0.0.1:$OBS_PORT"
+listen = "127.0.0.1:$2"
 # Off for the demo, so the numbers below are what the container itself needed.
 [fill]
 enabled = false
 EOF2
-"$BIN/weenv-snapshotter" --config "$W/snap/config.toml" >"$W/snap/log" 2>&1 &
-PIDS+=($!)
-for _ in $(seq 100); do [ -S "$SNAP_SOCK" ] && break; sleep 0.2; done
-[ -S "$SNAP_SOCK" ] || { echo "weenv-snapshotter did not start:"; cat "$W/snap/log"; exit 1; }
+  "$BIN/weenv-snapshotter" --config "$1/config.toml" >"$1/log" 2>&1 &
+  PIDS+=($!)
+  for _ in $(seq 100); do [ -S "$1/snapshotter.sock" ] && break; sleep 0.2; done
+  [ -S "$1/snapshotter.sock" ] || { echo "weenv-snapshotter did not start:"; cat "$1/log"; exit 1; }
+}
+OBS_PORT=$(free_port); OBS_PORT2=$(free_port)
+start_snapshotter "$W/snap" "$OBS_PORT"
+start_snapshotter "$W/snap2" "$OBS_PORT2"
 PATH="$BIN:$PATH" containerd --config "$W/ctd/config.toml" >"$W/ctd/log" 2>&1 &
 PIDS+=($!)
 CTR=(ctr -a "$W/ctd/containerd.sock")
@@ -148,12 +160,31 @@ t1=$(now)
 t2=$(now)
 LAZY_PULL=$(secs "$t0" "$t1"); LAZY_RUN=$(secs "$t1" "$t2")
 "${WEENV[@]}" status | tee "$W/status.txt"
-metric() { curl -s "http://127.0.0.1:$OBS_PORT/metrics" | awk -v m="$1" '$1 == m || index($1, m "{") == 1 {s += $2} END {print s + 0}'; }
+metric() { curl -s "http://127.0.0.1:${2:-$OBS_PORT}/metrics" | awk -v m="$1" '$1 == m || index($1, m "{") == 1 {s += $2} END {print s + 0}'; }
 FETCHED=$(metric weenv_fetch_bytes_on_demand_total)
 REQUESTS=$(metric weenv_fetch_range_requests_total)
+
+say "6. start-up profile: record, attach, pull + run on a cold node"
+"${WEENV[@]}" profile > "$W/startup.profile"
+echo "python's start read $(wc -l < "$W/startup.profile") files, e.g.:"; head -3 "$W/startup.profile"
+"$BIN/weenv-convert" --plain-http "$HOST" prefetch "$HOST/python:3-weenv" \
+  --profile "$W/startup.profile" --to "$HOST/python:3-weenv-profiled"
+WEENV2=("$BIN/weenv" --config "$W/snap2/config.toml")
+t0=$(now)
+"${WEENV2[@]}" pull --plain-http --snapshotter weenvcold -a "$W/ctd/containerd.sock" -n cold "$HOST/python:3-weenv-profiled"
+t1=$(now)
+"${CTR[@]}" -n cold run --rm --snapshotter weenvcold "$HOST/python:3-weenv-profiled" demo-prof python3 -c 'import sys, json, email, http.client; print("python", sys.version.split()[0], "runs lazily on weenv, profile prefetched")'
+t2=$(now)
+PROF_PULL=$(secs "$t0" "$t1"); PROF_RUN=$(secs "$t1" "$t2")
+"${WEENV2[@]}" status
+PREFETCHED=$(metric weenv_fetch_bytes_prefetch_total "$OBS_PORT2")
+FETCHED2=$(metric weenv_fetch_bytes_on_demand_total "$OBS_PORT2")
 
 say "summary: python image ($(python3 -c "print(f'{$PY_SIZE/1e6:.1f}')") MB of weenv layers)"
 printf '%-34s %10s %10s %10s\n' "" "pull (s)" "run (s)" "total (s)"
 printf '%-34s %10s %10s %10s\n' "stock containerd (overlayfs)" "$STOCK_PULL" "$STOCK_RUN" "$(python3 -c "print(f'{$STOCK_PULL + $STOCK_RUN:.2f}')")"
 printf '%-34s %10s %10s %10s\n' "weenv-snapshotter (lazy)" "$LAZY_PULL" "$LAZY_RUN" "$(python3 -c "print(f'{$LAZY_PULL + $LAZY_RUN:.2f}')")"
+printf '%-34s %10s %10s %10s\n' "weenv, image with start-up profile" "$PROF_PULL" "$PROF_RUN" "$(python3 -c "print(f'{$PROF_PULL + $PROF_RUN:.2f}')")"
 echo "lazy: fetched $(python3 -c "print(f'{$FETCHED/1e6:.1f}')") MB on demand in $REQUESTS range requests (stock pulled all $(python3 -c "print(f'{$PY_SIZE/1e6:.1f}')") MB)"
+echo "with profile: prefetched $(python3 -c "print(f'{$PREFETCHED/1e6:.1f}')") MB at mount, then $(python3 -c "print(f'{$FETCHED2/1e6:.1f}')") MB on demand"
+echo "(loopback registry, no shaping: the start-up gap grows with link latency and shrinks with bandwidth; integration/bench/snapshotter_lazy.sh measures at 200 Mbit)"

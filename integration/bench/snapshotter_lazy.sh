@@ -15,7 +15,8 @@
 #
 # Needs root, containerd, ctr, runc, docker-registry, skopeo, iproute2 (ip, tc), fuse3 and the
 # workspace binaries: cargo build -p weenv-snapshotter --bins && cargo build -p weenv-converter
-# METRICS_DIR=dir keeps each run's daemon /metrics (dir/run-<kind>-<i>.prom) for profiling.
+# METRICS_DIR=dir keeps each run's daemon /metrics (dir/run-<kind>-<i>.prom) for profiling;
+# LOGS_DIR=dir keeps the daemon logs (SNAP_LOG=filter sets their level, e.g. weenv_snapshotter=debug).
 # Usage: integration/bench/snapshotter_lazy.sh [OCI_LAYOUT:TAG]   (default: the cached
 #        Debian+python3 test image from integration/src/images.rs)
 set -euo pipefail
@@ -93,7 +94,7 @@ start_stack() { # $1 = run dir; $2 = fill true|false
 version = 1
 root_dir = "$d/snap"
 socket = "$d/snap.sock"
-log_level = "warn"
+log_level = "${SNAP_LOG:-warn}"
 [registry]
 plain_http = ["$REG"]
 hosts_dir = "$d/none"
@@ -125,6 +126,7 @@ EOF
     echo "stack did not start in $d" >&2; exit 1
 }
 stop_stack() { # $1 = run dir
+    if [ -n "${LOGS_DIR:-}" ]; then mkdir -p "$LOGS_DIR"; cp "$1/snap.log" "$LOGS_DIR/$(basename "$1").log"; fi
     if [ -n "${METRICS_DIR:-}" ]; then # keep the daemon's metrics of each run for profiling
         mkdir -p "$METRICS_DIR"
         "$BIN/weenv" --config "$1/snap.toml" metrics >"$METRICS_DIR/$(basename "$1").prom" 2>/dev/null || true

@@ -73,6 +73,8 @@ pub struct Config {
     #[serde(default)]
     pub fill: FillSection,
     #[serde(default)]
+    pub prefetch: PrefetchSection,
+    #[serde(default)]
     pub fuse: FuseSection,
     #[serde(default)]
     pub observability: ObservabilitySection,
@@ -140,6 +142,40 @@ pub struct FillSection {
     /// 0 = off. Default: the layer store's (0).
     #[serde(default)]
     pub dir_prefetch_frames: Option<usize>,
+}
+
+/// Start-up prefetch: the frames an image's profile names (manifest annotation
+/// `io.weenv.prefetch.frames`, written by `weenv-convert prefetch`), fetched as soon as the
+/// layer is mounted.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PrefetchSection {
+    /// Default true.
+    #[serde(default = "default_true")]
+    pub enabled: bool,
+    /// Concurrent prefetch requests per layer. Default 4.
+    #[serde(default = "default_prefetch_concurrency")]
+    pub concurrency: usize,
+    /// Compressed bytes per prefetch request. Default 1 MiB.
+    #[serde(default = "default_prefetch_batch_bytes")]
+    pub batch_bytes: u64,
+}
+
+fn default_prefetch_concurrency() -> usize {
+    4
+}
+fn default_prefetch_batch_bytes() -> u64 {
+    1 << 20
+}
+
+impl Default for PrefetchSection {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            concurrency: default_prefetch_concurrency(),
+            batch_bytes: default_prefetch_batch_bytes(),
+        }
+    }
 }
 
 /// FUSE session.
@@ -262,6 +298,7 @@ impl Default for Config {
             registry: RegistrySection::default(),
             cache: CacheSection::default(),
             fill: FillSection::default(),
+            prefetch: PrefetchSection::default(),
             fuse: FuseSection::default(),
             observability: ObservabilitySection::default(),
         }
@@ -332,6 +369,12 @@ impl Config {
                     format!("{h:?} is not a host[:port]"),
                 ));
             }
+        }
+        if self.prefetch.concurrency == 0 || self.prefetch.concurrency > 64 {
+            return Err(invalid("prefetch.concurrency", "must be between 1 and 64"));
+        }
+        if self.prefetch.batch_bytes < (64 << 10) {
+            return Err(invalid("prefetch.batch_bytes", "must be at least 64 KiB"));
         }
         if let Some(d) = &self.cache.dir {
             if !d.is_absolute() {
@@ -485,6 +528,14 @@ mod tests {
         assert_eq!(
             field("version = 1\n[cache]\nmemory_bytes = 1"),
             "cache.memory_bytes"
+        );
+        assert_eq!(
+            field("version = 1\n[prefetch]\nconcurrency = 0"),
+            "prefetch.concurrency"
+        );
+        assert_eq!(
+            field("version = 1\n[prefetch]\nbatch_bytes = 4096"),
+            "prefetch.batch_bytes"
         );
         assert_eq!(
             field("version = 1\n[registry]\nplain_http = [\"a/b\"]"),

@@ -95,6 +95,9 @@ pub fn layer_store_config(cfg: &Config) -> LayerStoreConfig {
                     .fill
                     .dir_prefetch_frames
                     .unwrap_or(d.dir_prefetch_frames),
+                prefetch: cfg.prefetch.enabled,
+                prefetch_concurrency: cfg.prefetch.concurrency,
+                prefetch_batch_bytes: cfg.prefetch.batch_bytes,
                 ..d
             }
         },

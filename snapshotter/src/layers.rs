@@ -314,6 +314,11 @@ impl LayerStore {
         let Some(layer) = self.layer(digest) else {
             return;
         };
+        // Another image (or a second Prepare) may name the same frames: only new ones.
+        let frames = layer.claim_prefetch(&frames);
+        if frames.is_empty() {
+            return;
+        }
         tracing::debug!(layer = %digest, frames = frames.len(), "start-up prefetch");
         self.st.rt.spawn(run_prefetch(
             self.st.store.clone(),
@@ -324,6 +329,11 @@ impl LayerStore {
             self.cfg.fill.prefetch_concurrency,
             layer.prefetch.clone(),
         ));
+    }
+
+    /// The TOC of exposed layer `digest`.
+    pub fn toc(&self, digest: &Digest) -> Option<Arc<Toc>> {
+        self.layer(digest).map(|l| l.toc.clone())
     }
 
     /// Frames in the TOC of exposed layer `digest`.

@@ -21,7 +21,7 @@ use weenv_format::{FrameIdx, Toc};
 /// Progress of one layer's start-up prefetch (shared with `status()`).
 #[derive(Debug, Default)]
 pub struct PrefetchProgress {
-    /// Frames the profile names (after the last request for this layer).
+    /// Frames the profiles name (all prefetches of this layer).
     pub frames_total: AtomicU64,
     /// Of those, frames in L2 (present before, or fetched).
     pub frames_done: AtomicU64,
@@ -73,10 +73,11 @@ pub async fn run_prefetch(
             .is_some_and(|f| l2.contains(&f.digest))
     });
     let missing: usize = work.iter().map(Vec::len).sum();
+    // A layer may get several prefetches (one per image profile naming new frames): add up.
     progress
         .frames_total
-        .store(wanted.len() as u64, Ordering::Relaxed);
-    progress.frames_done.store(
+        .fetch_add(wanted.len() as u64, Ordering::Relaxed);
+    progress.frames_done.fetch_add(
         wanted.len().saturating_sub(missing) as u64,
         Ordering::Relaxed,
     );
@@ -200,6 +201,7 @@ mod tests {
         let before = src.requests().len();
         run_prefetch(store, toc, s, want, 1, 2, progress.clone()).await;
         assert_eq!(src.requests().len(), before);
-        assert_eq!(progress.frames_done.load(Ordering::Relaxed), 2);
+        assert_eq!(progress.frames_total.load(Ordering::Relaxed), 4);
+        assert_eq!(progress.frames_done.load(Ordering::Relaxed), 4);
     }
 }

@@ -50,6 +50,8 @@ pub struct Layer {
     access_log: parking_lot::Mutex<Vec<u32>>,
     /// Start-up prefetch of this layer (frames named by the image manifest).
     pub prefetch: Arc<PrefetchProgress>,
+    /// Frames a start-up prefetch was started for.
+    prefetch_claimed: parking_lot::Mutex<std::collections::BTreeSet<FrameIdx>>,
 }
 
 impl Layer {
@@ -71,7 +73,18 @@ impl Layer {
             accessed: (0..table_len).map(|_| AtomicBool::new(false)).collect(),
             access_log: parking_lot::Mutex::new(Vec::new()),
             prefetch: Arc::new(PrefetchProgress::default()),
+            prefetch_claimed: parking_lot::Mutex::new(std::collections::BTreeSet::new()),
         }
+    }
+
+    /// The frames of `wanted` no start-up prefetch was started for yet (now claimed).
+    pub fn claim_prefetch(&self, wanted: &[FrameIdx]) -> Vec<FrameIdx> {
+        let mut claimed = self.prefetch_claimed.lock();
+        wanted
+            .iter()
+            .copied()
+            .filter(|f| claimed.insert(*f))
+            .collect()
     }
 
     /// Records that file `node` was read (first time only; cheap after that).

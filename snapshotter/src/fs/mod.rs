@@ -304,6 +304,19 @@ impl Filesystem for WeenvFs {
         });
     }
 
+    /// Nothing to flush on a read-only filesystem. ENOSYS (as fuser's default, minus its
+    /// warning) makes the kernel stop sending FLUSH on close: no round trip per close().
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        reply.error(Errno::ENOSYS);
+    }
+
     fn release(
         &self,
         _req: &Request,

@@ -3,7 +3,7 @@
 //!
 //! - [`probe`]: pure classification of a blob tail (weenv or not, what else to read).
 //! - [`toc_cache`]: verified TOC tails cached on disk by layer digest.
-//! - [`profile`]: the image manifest's start-up prefetch annotation for a layer.
+//! - [`image`]: what the image manifest says about its layers (size, TOC hint, profile).
 //! - [`provider`]: [`WeenvLayers`], the real [`LayerProvider`] (registry + FUSE layer store).
 //!
 //! containerd passes `containerd.io/snapshot.ref=<target chainID>` plus one of two label
@@ -13,8 +13,8 @@
 //! - `ctr-remote image rpull` (stargz): `containerd.io/snapshot/remote/stargz.reference`,
 //!   `containerd.io/snapshot/remote/stargz.digest`.
 
+pub mod image;
 pub mod probe;
-pub mod profile;
 pub mod provider;
 pub mod toc_cache;
 

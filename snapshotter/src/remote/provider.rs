@@ -1,18 +1,30 @@
 //! [`WeenvLayers`]: the real [`LayerProvider`]: detects weenv layers in the registry, fetches
 //! and caches their TOCs, and exposes them through the node's FUSE [`LayerStore`].
 //!
-//! Per layer digest, at most: one HEAD (size) and one or two tail reads (footer + TOC), once
-//! per node. The result is recorded in the metadata store (`layers` table): a weenv layer with
-//! its cached TOC, or a negative entry so non-weenv layers are probed once only. Layers are
-//! keyed by digest, so the same layer under any chain or image reuses the same FUSE dir.
+//! Per layer digest, once per node: one ranged GET of the TOC when the image manifest carries
+//! the TOC hint (`io.weenv.toc.*`, see [`super::image`]), else one HEAD (size) and one or two
+//! tail reads (footer + TOC). The result is recorded in the metadata store (`layers` table): a
+//! weenv layer with its cached TOC, or a negative entry so non-weenv layers are probed once
+//! only. Layers are keyed by digest, so the same layer under any chain or image reuses the
+//! same FUSE dir; a per-digest lock makes concurrent requests for one layer fetch it once.
+//!
+//! Image warm-up: the first Prepare of an image whose labels name its manifest reads the
+//! manifest (one small GET) and then, in the background, exposes every weenv layer of the
+//! image and starts each one's start-up prefetch (the image's profile) — so the TOCs and the
+//! profile's frames travel while containerd is still preparing the other layers and creating
+//! the container, and the Prepares that follow find their layer already there. A layer warmed
+//! up for a pull that is then abandoned stays exposed (no snapshot refers to it) until the
+//! daemon restarts.
 
+use super::image::{ImageCache, ImageInfo, LayerDesc};
 use super::probe::{classify_tail, probe_range, TailVerdict};
-use super::profile::ProfileCache;
 use super::toc_cache::TocCache;
 use super::{LayerProvider, MountedLayer, RemoteError, RemoteLayerRequest};
 use crate::fetch::RegistryBlobSource;
 use crate::layers::LayerStore;
 use crate::store::{LayerKind, LayerRecord, MetaStore};
+use parking_lot::Mutex;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use tracing::{debug, info, warn};
 use weenv_format::{Digest, EntryKind, Toc};
@@ -20,11 +32,19 @@ use weenv_registry::{Client, Reference};
 
 /// Registry-backed weenv layers on one FUSE session.
 pub struct WeenvLayers {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
     store: Arc<MetaStore>,
     layers: Arc<LayerStore>,
     registry: Client,
     tocs: TocCache,
-    profiles: Arc<ProfileCache>,
+    images: ImageCache,
+    /// Per layer digest: held while the layer is detected/exposed.
+    locks: Mutex<HashMap<Digest, Arc<tokio::sync::Mutex<()>>>>,
+    /// Manifests whose warm-up was started.
+    warmed: Mutex<HashSet<String>>,
 }
 
 /// (size, inodes) reported as usage of a remote snapshot.
@@ -46,25 +66,35 @@ impl WeenvLayers {
         tocs: TocCache,
     ) -> Self {
         Self {
-            store,
-            layers,
-            registry,
-            tocs,
-            profiles: Arc::new(ProfileCache::default()),
+            inner: Arc::new(Inner {
+                store,
+                layers,
+                registry,
+                tocs,
+                images: ImageCache::default(),
+                locks: Mutex::new(HashMap::new()),
+                warmed: Mutex::new(HashSet::new()),
+            }),
         }
     }
 
     /// The FUSE layer store (status, shutdown).
     pub fn layer_store(&self) -> &Arc<LayerStore> {
-        &self.layers
+        &self.inner.layers
     }
+}
 
+impl Inner {
     fn reg_err(&self, reference: &str, d: &Digest, m: impl ToString) -> RemoteError {
         RemoteError::Registry {
             reference: reference.to_string(),
             digest: d.to_string(),
             message: m.to_string(),
         }
+    }
+
+    fn lock_for(&self, d: &Digest) -> Arc<tokio::sync::Mutex<()>> {
+        self.locks.lock().entry(d.clone()).or_default().clone()
     }
 
     fn expose(
@@ -139,52 +169,78 @@ impl WeenvLayers {
             }
         }
     }
-}
 
-fn store_err(d: &Digest, e: impl ToString) -> RemoteError {
-    RemoteError::Toc {
-        digest: d.to_string(),
-        message: format!("metadata store: {}", e.to_string()),
-    }
-}
-
-#[async_trait::async_trait]
-impl LayerProvider for WeenvLayers {
-    async fn mount(&self, req: &RemoteLayerRequest) -> Result<Option<MountedLayer>, RemoteError> {
-        let d = &req.digest;
+    /// Detects (once) and exposes layer `d` of image `reference`; `Ok(None)` for a layer that
+    /// is not a weenv layer. `desc`: what the manifest says about it (size + TOC hint: one
+    /// ranged GET instead of a probe).
+    async fn mount_one(
+        &self,
+        reference: &str,
+        d: &Digest,
+        desc: Option<&LayerDesc>,
+    ) -> Result<Option<MountedLayer>, RemoteError> {
+        let lock = self.lock_for(d);
+        let _held = lock.lock().await;
         match self.store.layer(d.as_str()).map_err(|e| store_err(d, e))? {
             Some(LayerRecord {
                 kind: LayerKind::NotWeenv,
                 ..
             }) => return Ok(None),
-            Some(rec) => match self.tocs.get(d, rec.size) {
-                Ok(toc) => {
-                    let m = self.expose(d, &rec.reference, rec.size, toc)?;
-                    self.prefetch(req);
-                    return Ok(Some(m));
+            Some(rec) => {
+                if let Some(toc) = self.layers.toc(d) {
+                    let (size, inodes) = toc_usage(&toc);
+                    return Ok(Some(MountedLayer {
+                        dir: self.layers.layer_path(d),
+                        size,
+                        inodes,
+                    }));
                 }
-                Err(e) => info!(digest = %d, error = %e, "cached TOC unusable; fetching it again"),
-            },
+                match self.tocs.get(d, rec.size) {
+                    Ok(toc) => return self.expose(d, &rec.reference, rec.size, toc).map(Some),
+                    Err(e) => {
+                        info!(digest = %d, error = %e, "cached TOC unusable; fetching it again")
+                    }
+                }
+            }
             None => {}
         }
-        let r: Reference = req
-            .reference
+        let r: Reference = reference
             .parse()
-            .map_err(|e| self.reg_err(&req.reference, d, e))?;
-        let Some((size, tail)) = self.probe(&r, &req.reference, d).await? else {
-            self.store
-                .put_layer(&LayerRecord {
-                    digest: d.to_string(),
-                    reference: req.reference.clone(),
-                    size: 0,
-                    kind: LayerKind::NotWeenv,
-                })
-                .map_err(|e| store_err(d, e))?;
-            return Ok(None);
+            .map_err(|e| self.reg_err(reference, d, e))?;
+        let hinted = desc.and_then(|x| {
+            x.hint
+                .as_ref()
+                .filter(|h| h.offset.checked_add(h.length) == Some(x.size))
+                .map(|h| (x.size, h))
+        });
+        let (size, tail) = match hinted {
+            Some((size, h)) => {
+                let t = self
+                    .registry
+                    .get_blob_range(&r, d, h.offset, h.length)
+                    .await
+                    .map_err(|e| self.reg_err(reference, d, e))?;
+                (size, t.to_vec())
+            }
+            None => {
+                let Some(found) = self.probe(&r, reference, d).await? else {
+                    self.store
+                        .put_layer(&LayerRecord {
+                            digest: d.to_string(),
+                            reference: reference.to_string(),
+                            size: 0,
+                            kind: LayerKind::NotWeenv,
+                        })
+                        .map_err(|e| store_err(d, e))?;
+                    return Ok(None);
+                };
+                found
+            }
         };
+        let expected = hinted.map(|(_, h)| &h.digest);
         let toc = self
             .tocs
-            .put(d, &tail, size)
+            .put(d, &tail, size, expected)
             .map_err(|e| RemoteError::Toc {
                 digest: d.to_string(),
                 message: e.to_string(),
@@ -192,21 +248,95 @@ impl LayerProvider for WeenvLayers {
         self.store
             .put_layer(&LayerRecord {
                 digest: d.to_string(),
-                reference: req.reference.clone(),
+                reference: reference.to_string(),
                 size,
                 kind: LayerKind::Weenv {
                     toc_path: self.tocs.path(d),
                 },
             })
             .map_err(|e| store_err(d, e))?;
-        info!(digest = %d, reference = %req.reference, entries = toc.entries.len(), "weenv layer detected");
-        let m = self.expose(d, &req.reference, size, toc)?;
-        self.prefetch(req);
-        Ok(Some(m))
+        info!(digest = %d, reference, entries = toc.entries.len(), hinted = hinted.is_some(), "weenv layer detected");
+        self.expose(d, reference, size, toc).map(Some)
+    }
+
+    /// Starts the prefetch of layer `d` from its manifest description (no-op without one).
+    fn start_prefetch(&self, reference: &str, desc: &LayerDesc) {
+        let Some(value) = desc.prefetch.as_deref() else {
+            return;
+        };
+        let Some(frames) = self.layers.frame_count(&desc.digest) else {
+            return;
+        };
+        match weenv_format::prefetch::decode_frames(value, frames) {
+            Ok(f) => self.layers.prefetch(&desc.digest, f),
+            Err(e) => {
+                warn!(digest = %desc.digest, reference, error = %e, "bad start-up profile in the image manifest; no prefetch")
+            }
+        }
+    }
+
+    /// Exposes every weenv layer of the image and starts their prefetch (once per manifest).
+    async fn warm_up(self: Arc<Self>, reference: String, manifest: String, info: ImageInfo) {
+        if !self.warmed.lock().insert(manifest) {
+            return;
+        }
+        let jobs = info.iter().filter(|l| l.hint.is_some()).map(|l| {
+            let (me, reference) = (self.clone(), reference.clone());
+            async move {
+                match me.mount_one(&reference, &l.digest, Some(l)).await {
+                    Ok(Some(_)) => me.start_prefetch(&reference, l),
+                    Ok(None) => {}
+                    Err(e) => {
+                        debug!(digest = %l.digest, error = %e, "warm-up of a layer failed; its Prepare will try again")
+                    }
+                }
+            }
+        });
+        futures::future::join_all(jobs).await;
+    }
+}
+
+#[async_trait::async_trait]
+impl LayerProvider for WeenvLayers {
+    async fn mount(&self, req: &RemoteLayerRequest) -> Result<Option<MountedLayer>, RemoteError> {
+        let me = &self.inner;
+        let d = &req.digest;
+        // What the manifest says (cached per manifest digest): TOC hint and profile.
+        let info = match req.manifest.as_deref() {
+            Some(m) => match me.images.get(&me.registry, &req.reference, Some(m)).await {
+                Ok(info) => {
+                    if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                        rt.spawn(me.clone().warm_up(
+                            req.reference.clone(),
+                            m.to_string(),
+                            info.clone(),
+                        ));
+                    }
+                    Some(info)
+                }
+                Err(e) => {
+                    debug!(reference = %req.reference, error = %e, "image manifest unreadable; probing the layer");
+                    None
+                }
+            },
+            None => None,
+        };
+        let desc = info
+            .as_ref()
+            .and_then(|i| i.iter().find(|l| &l.digest == d));
+        let m = me.mount_one(&req.reference, d, desc).await?;
+        if m.is_some() {
+            match desc {
+                Some(desc) => me.start_prefetch(&req.reference, desc),
+                None => self.prefetch(req),
+            }
+        }
+        Ok(m)
     }
 
     async fn remount(&self, d: &Digest) -> Result<MountedLayer, RemoteError> {
-        let rec = self
+        let me = &self.inner;
+        let rec = me
             .store
             .layer(d.as_str())
             .map_err(|e| store_err(d, e))?
@@ -214,30 +344,30 @@ impl LayerProvider for WeenvLayers {
             .ok_or_else(|| RemoteError::NotCached {
                 digest: d.to_string(),
             })?;
-        match self.tocs.get(d, rec.size) {
-            Ok(toc) => self.expose(d, &rec.reference, rec.size, toc),
+        match me.tocs.get(d, rec.size) {
+            Ok(toc) => me.expose(d, &rec.reference, rec.size, toc),
             Err(e) => {
                 // Lost or damaged cache file: fetch the TOC again from the registry.
                 info!(digest = %d, error = %e, "cached TOC unusable; refetching it");
                 let r: Reference = rec
                     .reference
                     .parse()
-                    .map_err(|e| self.reg_err(&rec.reference, d, e))?;
+                    .map_err(|e| me.reg_err(&rec.reference, d, e))?;
                 let (size, tail) =
-                    self.probe(&r, &rec.reference, d)
+                    me.probe(&r, &rec.reference, d)
                         .await?
                         .ok_or_else(|| RemoteError::Toc {
                             digest: d.to_string(),
                             message: "the registry blob is no longer a weenv layer".into(),
                         })?;
-                let toc = self
+                let toc = me
                     .tocs
-                    .put(d, &tail, size)
+                    .put(d, &tail, size, None)
                     .map_err(|e| RemoteError::Toc {
                         digest: d.to_string(),
                         message: e.to_string(),
                     })?;
-                self.expose(d, &rec.reference, size, toc)
+                me.expose(d, &rec.reference, size, toc)
             }
         }
     }
@@ -246,44 +376,40 @@ impl LayerProvider for WeenvLayers {
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let (registry, layers, profiles, req) = (
-            self.registry.clone(),
-            self.layers.clone(),
-            self.profiles.clone(),
-            req.clone(),
-        );
+        let (me, req) = (self.inner.clone(), req.clone());
         rt.spawn(async move {
-            let d = &req.digest;
-            let Some(frames) = layers.frame_count(d) else {
-                return;
-            };
-            let value = match profiles
-                .annotation(&registry, &req.reference, req.manifest.as_deref(), d)
+            let info = match me
+                .images
+                .get(&me.registry, &req.reference, req.manifest.as_deref())
                 .await
             {
-                Ok(Some(v)) => v,
-                Ok(None) => return,
+                Ok(i) => i,
                 Err(e) => {
-                    warn!(digest = %d, reference = %req.reference, error = %e, "cannot read the image manifest for its start-up profile; no prefetch");
+                    warn!(digest = %req.digest, reference = %req.reference, error = %e, "cannot read the image manifest for its start-up profile; no prefetch");
                     return;
                 }
             };
-            match weenv_format::prefetch::decode_frames(&value, frames) {
-                Ok(f) => layers.prefetch(d, f),
-                Err(e) => {
-                    warn!(digest = %d, reference = %req.reference, error = %e, "bad start-up profile in the image manifest; no prefetch")
-                }
+            if let Some(desc) = info.iter().find(|l| l.digest == req.digest) {
+                me.start_prefetch(&req.reference, desc);
             }
         });
     }
 
     fn release(&self, d: &Digest) -> Result<(), RemoteError> {
-        if !self.layers.has_layer(d) {
+        let me = &self.inner;
+        if !me.layers.has_layer(d) {
             return Ok(());
         }
-        self.layers.remove_layer(d).map_err(|e| RemoteError::Mount {
+        me.layers.remove_layer(d).map_err(|e| RemoteError::Mount {
             digest: d.to_string(),
             message: e.to_string(),
         })
+    }
+}
+
+fn store_err(d: &Digest, e: impl ToString) -> RemoteError {
+    RemoteError::Toc {
+        digest: d.to_string(),
+        message: format!("metadata store: {}", e.to_string()),
     }
 }

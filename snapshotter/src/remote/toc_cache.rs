@@ -42,11 +42,18 @@ impl TocCache {
         self.dir.join(format!("{}.toc", digest.hex()))
     }
 
-    /// Verify `tail` (TOC frame + footer of a blob of `blob_size` bytes) and store it.
-    pub fn put(&self, digest: &Digest, tail: &[u8], blob_size: u64) -> Result<Toc, TocCacheError> {
+    /// Verify `tail` (TOC frame + footer of a blob of `blob_size` bytes; the TOC's digest
+    /// must be `expected` when the manifest's hint names it) and store it.
+    pub fn put(
+        &self,
+        digest: &Digest,
+        tail: &[u8],
+        blob_size: u64,
+        expected: Option<&Digest>,
+    ) -> Result<Toc, TocCacheError> {
         let path = self.path(digest);
         let (_, toc) =
-            parse_tail(tail, blob_size, None).map_err(|source| TocCacheError::Invalid {
+            parse_tail(tail, blob_size, expected).map_err(|source| TocCacheError::Invalid {
                 path: path.clone(),
                 source,
             })?;
@@ -90,7 +97,10 @@ mod tests {
         let f = weenv_format::footer::Footer::parse(&blob).unwrap();
         let tail = &blob[f.toc_offset as usize..];
         assert_eq!(tail.len(), f.toc_len as usize + FOOTER_SIZE);
-        assert_eq!(c.put(&digest, tail, size).unwrap(), toc);
+        assert_eq!(c.put(&digest, tail, size, None).unwrap(), toc);
+        // the manifest's hint names the TOC digest: another one is refused
+        let wrong = Digest::sha256(b"other toc");
+        assert!(c.put(&digest, tail, size, Some(&wrong)).is_err());
         assert_eq!(c.get(&digest, size).unwrap(), toc);
         // flip a byte inside the TOC frame
         let mut bad = tail.to_vec();
@@ -100,7 +110,7 @@ mod tests {
             c.get(&digest, size),
             Err(TocCacheError::Invalid { .. })
         ));
-        assert!(c.put(&digest, &bad, size).is_err());
+        assert!(c.put(&digest, &bad, size, None).is_err());
         let other = Digest::sha256(b"none");
         assert!(matches!(c.get(&other, size), Err(TocCacheError::Io { .. })));
     }

@@ -1,0 +1,136 @@
+//! What the image manifest says about its layers, for the daemon.
+//!
+//! containerd does not pass descriptor annotations to snapshotters, so on a remote Prepare
+//! the daemon reads the manifest itself — by digest when the labels name it
+//! (`containerd.io/snapshot/cri.manifest-digest`, sent by CRI and `weenv pull`), else by the
+//! image reference — and keeps, per layer: its size, the TOC location hint
+//! (`io.weenv.toc.*`: the TOC is then one ranged GET, no HEAD and no probe) and the start-up
+//! profile (`io.weenv.prefetch.frames`). Manifests named by digest are fetched once
+//! (concurrent Prepares of one image's layers share the request) and kept in memory.
+
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::sync::Arc;
+use tokio::sync::OnceCell;
+use weenv_format::prefetch::ANNOTATION_PREFETCH;
+use weenv_format::{Digest, TocHint};
+use weenv_registry::{Client, ImageManifest, Manifest, Reference};
+
+/// One layer as the manifest describes it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LayerDesc {
+    pub digest: Digest,
+    /// Blob size.
+    pub size: u64,
+    /// Where the TOC is (weenv layers converted by weenv-convert carry it).
+    pub hint: Option<TocHint>,
+    /// Start-up profile of this image for the layer (frame ranges).
+    pub prefetch: Option<String>,
+}
+
+/// The layers of one image manifest, bottom first.
+pub type ImageInfo = Arc<Vec<LayerDesc>>;
+
+/// The layers of `m` with their weenv annotations (malformed hints are dropped: the layer is
+/// then probed as if it had none). Pure.
+pub fn image_info(m: &ImageManifest) -> Vec<LayerDesc> {
+    m.layers
+        .iter()
+        .map(|l| LayerDesc {
+            digest: l.digest.clone(),
+            size: l.size,
+            hint: TocHint::from_annotations(&l.annotations).ok().flatten(),
+            prefetch: l.annotations.get(ANNOTATION_PREFETCH).cloned(),
+        })
+        .collect()
+}
+
+/// Image manifests' layer descriptions, by manifest digest.
+#[derive(Default)]
+pub struct ImageCache {
+    by_manifest: Mutex<HashMap<String, Arc<OnceCell<ImageInfo>>>>,
+}
+
+impl ImageCache {
+    /// The layers of the image `reference` (manifest `manifest` when known: cached).
+    pub async fn get(
+        &self,
+        registry: &Client,
+        reference: &str,
+        manifest: Option<&str>,
+    ) -> Result<ImageInfo, String> {
+        let r: Reference = reference.parse().map_err(|e| format!("{e}"))?;
+        match manifest.and_then(|m| m.parse::<Digest>().ok()) {
+            Some(md) => {
+                let cell = self
+                    .by_manifest
+                    .lock()
+                    .entry(md.to_string())
+                    .or_default()
+                    .clone();
+                cell.get_or_try_init(|| fetch(registry, r.with_digest(md)))
+                    .await
+                    .cloned()
+            }
+            None => fetch(registry, r).await,
+        }
+    }
+}
+
+async fn fetch(registry: &Client, r: Reference) -> Result<ImageInfo, String> {
+    let (os, arch) = weenv_registry::manifest::host_platform();
+    let blob = registry.get_manifest(&r).await.map_err(|e| e.to_string())?;
+    let m = match blob.parse().map_err(|e| e.to_string())? {
+        Manifest::Image(m) => m,
+        Manifest::Index(_) => {
+            registry
+                .get_image_manifest(&r, os, arch, None)
+                .await
+                .map_err(|e| e.to_string())?
+                .0
+        }
+    };
+    Ok(Arc::new(image_info(&m)))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layers_with_hints_and_profiles() {
+        let d1 = Digest::sha256(b"1");
+        let d2 = Digest::sha256(b"2");
+        let toc = Digest::sha256(b"toc");
+        let mut l1 = weenv_registry::Descriptor::new("application/x", d1.clone(), 1000);
+        l1.annotations
+            .insert(ANNOTATION_PREFETCH.into(), "0-3".into());
+        l1.annotations
+            .insert(weenv_format::ANNOTATION_TOC_DIGEST.into(), toc.to_string());
+        l1.annotations
+            .insert(weenv_format::ANNOTATION_TOC_OFFSET.into(), "900".into());
+        l1.annotations
+            .insert(weenv_format::ANNOTATION_TOC_LENGTH.into(), "100".into());
+        let mut l2 = weenv_registry::Descriptor::new("application/x", d2.clone(), 7);
+        l2.annotations
+            .insert(weenv_format::ANNOTATION_TOC_OFFSET.into(), "x".into());
+        let m: ImageManifest = serde_json::from_value(serde_json::json!({
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": weenv_registry::Descriptor::new("application/vnd.oci.image.config.v1+json", Digest::sha256(b"c"), 1),
+            "layers": [l1, l2],
+        }))
+        .unwrap();
+        let info = image_info(&m);
+        assert_eq!(info.len(), 2);
+        assert_eq!(info[0].prefetch.as_deref(), Some("0-3"));
+        let h = info[0].hint.as_ref().unwrap();
+        assert_eq!((h.offset, h.length, &h.digest), (900, 100, &toc));
+        assert_eq!(info[0].size, 1000);
+        assert_eq!(
+            (info[1].hint.as_ref(), info[1].prefetch.as_ref()),
+            (None, None)
+        );
+    }
+}
