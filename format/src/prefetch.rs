@@ -3,18 +3,21 @@
 //! A profile belongs to an *image* (a layer is shared by many images, each starting a
 //! different program), so it lives in the image manifest, not in the layer blob: each weenv
 //! layer descriptor may carry [`ANNOTATION_PREFETCH`], the frames of that layer to fetch as
-//! soon as the layer is mounted, as sorted index ranges (`"0-3,7,9-12"`). Adding or changing a
-//! profile rewrites only the manifest; no layer byte changes.
+//! soon as the layer is mounted, in the order the workload first needed them, as index runs
+//! (`"9-12,0-3,7"`). Adding or changing a profile rewrites only the manifest; no layer byte
+//! changes.
 //!
-//! A profile is written as paths (one file per line, as `weenv profile` records them) and
-//! resolved here against the image's TOCs the way overlayfs merges the layers: the topmost
+//! A profile is text, one file per line, in first-read order, as `weenv profile` records it:
+//! `PATH` (the whole file) or `PATH<TAB>OFFSET+LENGTH,OFFSET+LENGTH...` (only those byte ranges
+//! of it, e.g. the pages of a large binary a program start touches). It is resolved here
+//! against the image's TOCs the way overlayfs merges the layers: the topmost
 //! layer holding a path provides it, whiteouts and opaque directories hide lower layers,
 //! symlinks (in any component) are followed through the merged view and hardlinks resolve to
 //! their target's payload. Everything here is pure.
 
 use crate::toc::{Entry, EntryKind, FrameIdx, Toc};
 use crate::FormatError;
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 
 /// Layer-descriptor annotation: frames to prefetch at mount, as sorted ranges `a-b,c,...`.
 pub const ANNOTATION_PREFETCH: &str = "io.weenv.prefetch.frames";
@@ -32,17 +35,25 @@ fn bad(reason: impl Into<String>) -> FormatError {
     }
 }
 
-/// Encodes `frames` (any order, duplicates allowed) as sorted ranges: `"0-3,7,9-12"`.
+/// Encodes `frames` in their order (duplicates dropped, first wins) as index runs: ascending
+/// consecutive indices become `a-b`: `[9,10,11,12,0,1,2,3,7]` -> `"9-12,0-3,7"`.
 pub fn encode_frames(frames: &[FrameIdx]) -> String {
-    let set: BTreeSet<u32> = frames.iter().map(|f| f.0).collect();
+    let mut seen = std::collections::HashSet::new();
+    let order: Vec<u32> = frames
+        .iter()
+        .map(|f| f.0)
+        .filter(|f| seen.insert(*f))
+        .collect();
     let mut out = String::new();
-    let mut it = set.into_iter().peekable();
-    while let Some(start) = it.next() {
+    let mut i = 0;
+    while i < order.len() {
+        let start = order[i];
         let mut end = start;
-        while it.peek() == Some(&(end + 1)) {
+        while i + 1 < order.len() && end.checked_add(1) == Some(order[i + 1]) {
             end += 1;
-            it.next();
+            i += 1;
         }
+        i += 1;
         if !out.is_empty() {
             out.push(',');
         }
@@ -55,8 +66,8 @@ pub fn encode_frames(frames: &[FrameIdx]) -> String {
     out
 }
 
-/// Decodes an annotation value into sorted, deduplicated frame indices, each below
-/// `frame_count` (the layer's TOC). Malformed, out-of-range or oversized values are errors:
+/// Decodes an annotation value into frame indices in annotation order (duplicates dropped,
+/// first wins), each below `frame_count` (the layer's TOC). Malformed, out-of-range or oversized values are errors:
 /// callers log them and mount without a prefetch.
 pub fn decode_frames(value: &str, frame_count: usize) -> Result<Vec<FrameIdx>, FormatError> {
     if value.len() > MAX_PREFETCH_ANNOTATION {
@@ -81,7 +92,8 @@ pub fn decode_frames(value: &str, frame_count: usize) -> Result<Vec<FrameIdx>, F
         }
         Ok(n)
     };
-    let mut set = BTreeSet::new();
+    let mut seen = std::collections::HashSet::new();
+    let mut out = Vec::new();
     for part in value.split(',').filter(|p| !p.trim().is_empty()) {
         let (a, b) = match part.split_once('-') {
             Some((a, b)) => (num(a)?, num(b)?),
@@ -93,34 +105,88 @@ pub fn decode_frames(value: &str, frame_count: usize) -> Result<Vec<FrameIdx>, F
         if a > b {
             return Err(bad(format!("range {part:?} is descending")));
         }
-        set.extend(a..=b);
+        out.extend((a..=b).filter(|f| seen.insert(*f)).map(FrameIdx));
     }
-    Ok(set.into_iter().map(FrameIdx).collect())
+    Ok(out)
 }
 
-/// Parses a profile file: one path per line (absolute or relative to the image root); blank
-/// lines and lines starting with `#` are skipped; duplicates are dropped, first one wins.
+/// Parses a profile file into its entry lines: one file per line (path absolute or relative
+/// to the image root, optionally followed by a TAB and byte ranges, see the module doc);
+/// blank lines and lines starting with `#` are skipped; duplicate lines are dropped, first one
+/// wins. Lines are resolved by [`resolve_profile`].
 pub fn parse_profile(text: &str) -> Vec<String> {
     let mut seen = std::collections::HashSet::new();
     text.lines()
-        .map(str::trim)
+        .map(|l| l.trim_matches(|c: char| c == ' ' || c == '\r'))
         .filter(|l| !l.is_empty() && !l.starts_with('#'))
         .filter(|l| seen.insert(l.to_string()))
         .map(str::to_string)
         .collect()
 }
 
+/// One profile line: a path and the byte ranges read (empty: the whole file).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProfileLine {
+    pub path: String,
+    /// `(offset, length)` pairs.
+    pub ranges: Vec<(u64, u64)>,
+}
+
+impl ProfileLine {
+    /// Parses `PATH` or `PATH<TAB>OFF+LEN,OFF+LEN...`. Malformed ranges are an error naming
+    /// the line.
+    pub fn parse(line: &str) -> Result<ProfileLine, String> {
+        let (path, ranges) = match line.split_once('\t') {
+            None => (line, ""),
+            Some((p, r)) => (p, r.trim()),
+        };
+        let mut out = Vec::new();
+        for part in ranges.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let parsed = part.split_once('+').and_then(|(o, l)| {
+                Some((o.trim().parse::<u64>().ok()?, l.trim().parse::<u64>().ok()?))
+            });
+            match parsed {
+                Some(r) => out.push(r),
+                None => {
+                    return Err(format!(
+                        "profile line {line:?}: range {part:?} is not OFFSET+LENGTH"
+                    ))
+                }
+            }
+        }
+        Ok(ProfileLine {
+            path: path.to_string(),
+            ranges: out,
+        })
+    }
+
+    /// The profile text of this line (inverse of [`ProfileLine::parse`]).
+    pub fn render(&self) -> String {
+        if self.ranges.is_empty() {
+            return self.path.clone();
+        }
+        let r: Vec<String> = self
+            .ranges
+            .iter()
+            .map(|(o, l)| format!("{o}+{l}"))
+            .collect();
+        format!("{}\t{}", self.path, r.join(","))
+    }
+}
+
 /// What [`resolve_profile`] found.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Resolved {
-    /// Per layer (same order as the input, bottom first): frames to prefetch, sorted.
+    /// Per layer (same order as the input, bottom first): frames to prefetch, in the order
+    /// the profile first needs them.
     pub frames: Vec<Vec<FrameIdx>>,
     /// Per layer: profile files that layer provides.
     pub files: Vec<usize>,
-    /// Uncompressed payload bytes of the resolved files (all layers).
+    /// Uncompressed payload bytes of the resolved files (all layers; the listed ranges for
+    /// lines with ranges).
     pub file_bytes: u64,
-    /// Profile paths that name no regular file in the merged view (absent, deleted by a
-    /// whiteout, a directory, a device, or a symlink loop).
+    /// Profile lines that name no regular file in the merged view (absent, deleted by a
+    /// whiteout, a directory, a device, a symlink loop, or malformed ranges).
     pub unresolved: Vec<String>,
 }
 
@@ -260,29 +326,49 @@ fn components(path: &str) -> Vec<String> {
         .collect()
 }
 
-/// Resolves profile `paths` against an image's layers (`tocs`, bottom first) as overlayfs
-/// merges them, and returns the frames each layer must prefetch.
-pub fn resolve_profile(tocs: &[&Toc], paths: &[String]) -> Resolved {
+/// Resolves profile lines (see [`parse_profile`]) against an image's layers (`tocs`, bottom
+/// first) as overlayfs merges them, and returns the frames each layer must prefetch, in
+/// first-need order.
+pub fn resolve_profile(tocs: &[&Toc], lines: &[String]) -> Resolved {
     let merged = Merged::new(tocs);
-    let mut sets: Vec<BTreeSet<FrameIdx>> = vec![BTreeSet::new(); tocs.len()];
+    let mut order: Vec<Vec<FrameIdx>> = vec![Vec::new(); tocs.len()];
+    let mut have: Vec<std::collections::HashSet<FrameIdx>> =
+        vec![std::collections::HashSet::new(); tocs.len()];
     let mut res = Resolved {
         files: vec![0; tocs.len()],
         ..Resolved::default()
     };
     let mut seen = std::collections::HashSet::new();
-    for p in paths {
-        match merged.resolve_file(p) {
-            Some((layer, e)) => {
-                if seen.insert((layer, e.path.as_str())) {
-                    sets[layer].extend(e.chunks.iter().map(|c| c.frame));
-                    res.files[layer] += 1;
-                    res.file_bytes += e.size;
+    let mut counted = std::collections::HashSet::new();
+    for line in lines {
+        let Ok(pl) = ProfileLine::parse(line) else {
+            res.unresolved.push(line.clone());
+            continue;
+        };
+        let Some((layer, e)) = merged.resolve_file(&pl.path) else {
+            res.unresolved.push(pl.path.clone());
+            continue;
+        };
+        if seen.insert((layer, e.path.as_str())) {
+            res.files[layer] += 1;
+        }
+        let ranges = if pl.ranges.is_empty() {
+            vec![(0, e.size)]
+        } else {
+            pl.ranges.clone()
+        };
+        for (off, len) in ranges {
+            for c in e.chunks_in(off, len) {
+                if counted.insert((layer, e.path.as_str(), c.file_offset)) {
+                    res.file_bytes += c.len;
+                }
+                if have[layer].insert(c.frame) {
+                    order[layer].push(c.frame);
                 }
             }
-            None => res.unresolved.push(p.clone()),
         }
     }
-    res.frames = sets.into_iter().map(|s| s.into_iter().collect()).collect();
+    res.frames = order;
     res
 }
 
@@ -301,15 +387,19 @@ mod tests {
     fn ranges_round_trip() {
         assert_eq!(encode_frames(&f(&[])), "");
         assert_eq!(
-            encode_frames(&f(&[9, 0, 1, 2, 3, 7, 10, 11, 12, 3])),
-            "0-3,7,9-12"
+            encode_frames(&f(&[9, 10, 11, 12, 0, 1, 2, 3, 7, 3, 10])),
+            "9-12,0-3,7"
         );
         assert_eq!(
-            decode_frames("0-3,7,9-12", 13).unwrap(),
-            f(&[0, 1, 2, 3, 7, 9, 10, 11, 12])
+            decode_frames("9-12,0-3,7", 13).unwrap(),
+            f(&[9, 10, 11, 12, 0, 1, 2, 3, 7])
+        );
+        assert_eq!(
+            decode_frames("0-3,2-5", 13).unwrap(),
+            f(&[0, 1, 2, 3, 4, 5])
         );
         assert_eq!(decode_frames("", 0).unwrap(), f(&[]));
-        assert_eq!(decode_frames(" 5 , 1-2 ", 6).unwrap(), f(&[1, 2, 5]));
+        assert_eq!(decode_frames(" 5 , 1-2 ", 6).unwrap(), f(&[5, 1, 2]));
     }
 
     #[test]
@@ -336,13 +426,25 @@ mod tests {
 
     proptest::proptest! {
         #[test]
-        fn encode_decode_is_sorted_dedup(v in proptest::collection::vec(0u32..200, 0..100)) {
+        fn encode_decode_keeps_first_order(v in proptest::collection::vec(0u32..200, 0..100)) {
             let enc = encode_frames(&f(&v));
-            let mut want: Vec<u32> = v.clone();
-            want.sort_unstable();
-            want.dedup();
+            let mut seen = std::collections::HashSet::new();
+            let want: Vec<u32> = v.iter().copied().filter(|x| seen.insert(*x)).collect();
             proptest::prop_assert_eq!(decode_frames(&enc, 200).unwrap(), f(&want));
         }
+    }
+
+    #[test]
+    fn profile_lines_with_ranges() {
+        let l = ProfileLine::parse("/usr/bin/python3.11\t0+4096,1048576+2097152").unwrap();
+        assert_eq!(l.path, "/usr/bin/python3.11");
+        assert_eq!(l.ranges, vec![(0, 4096), (1048576, 2097152)]);
+        assert_eq!(ProfileLine::parse(&l.render()).unwrap(), l);
+        let whole = ProfileLine::parse("/etc/x y").unwrap();
+        assert_eq!((whole.path.as_str(), whole.ranges.len()), ("/etc/x y", 0));
+        assert_eq!(whole.render(), "/etc/x y");
+        assert!(ProfileLine::parse("/a\t1-2").is_err());
+        assert!(ProfileLine::parse("/a\t1+").is_err());
     }
 
     #[test]
@@ -455,6 +557,17 @@ mod tests {
             vec!["/usr/lib/old", "/etc/conf", "/loop", "/usr/bin", "/nope"]
         );
         assert_eq!(r.compressed_bytes(&tocs), 40);
+
+        // First-need order, and byte ranges: only the chunks they touch.
+        let lines: Vec<String> = ["/etc/new", "/usr/bin/python3.11", "/lib/libc.so\t150+10"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let r = resolve_profile(&tocs, &lines);
+        assert_eq!(r.frames, vec![f(&[1]), f(&[1, 0])]);
+        assert_eq!(r.file_bytes, 100 + 100 + 10);
+        let r = resolve_profile(&tocs, &["/lib/libc.so\t0+1,x".to_string()]);
+        assert_eq!(r.unresolved, vec!["/lib/libc.so\t0+1,x"]);
     }
 
     #[test]

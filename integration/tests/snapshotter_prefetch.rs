@@ -108,8 +108,10 @@ async fn recorded_profile_is_prefetched_at_mount() -> Result<()> {
     };
     let paths: Vec<&str> = profile.lines().collect();
     println!(
-        "profile: {} files; the cold run without a profile fetched {cold_served} bytes",
-        paths.len()
+        "profile: {} files ({} read in part); the cold run without a profile fetched \
+         {cold_served} bytes\n{profile}",
+        paths.len(),
+        paths.iter().filter(|p| p.contains('\t')).count()
     );
     ensure!(
         paths.iter().any(|p| p.starts_with("/usr/bin/python3"))

@@ -348,11 +348,11 @@ impl LayerStore {
     }
 
     /// Files read from each exposed layer since it was added or [`LayerStore::reset_access`],
-    /// in first-read order (paths relative to the layer root).
-    pub fn accessed(&self) -> Vec<(Digest, Vec<String>)> {
+    /// in first-read order (paths relative to the layer root, byte ranges read; empty = all).
+    pub fn accessed(&self) -> Vec<(Digest, Vec<(String, Vec<(u64, u64)>)>)> {
         self.all_layers()
             .iter()
-            .map(|l| (l.digest.clone(), l.accessed_paths()))
+            .map(|l| (l.digest.clone(), l.accessed()))
             .collect()
     }
 

@@ -113,12 +113,22 @@ pub fn report(store: &MetaStore, layers: &LayerStore) -> StatusReport {
     }
 }
 
+/// A file read from a layer.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileRead {
+    /// Path relative to the image root.
+    pub path: String,
+    /// `(offset, length)` ranges read (chunk granularity); empty: the whole file.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ranges: Vec<(u64, u64)>,
+}
+
 /// Files read from one layer (`GET /profile`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LayerProfile {
     pub digest: String,
-    /// Paths relative to the image root, first-read order.
-    pub paths: Vec<String>,
+    /// First-read order.
+    pub files: Vec<FileRead>,
 }
 
 /// `GET /profile`: per mounted layer, the files read since it was mounted or the last reset.
@@ -133,16 +143,20 @@ pub fn profile(layers: &LayerStore) -> ProfileReport {
         layers: layers
             .accessed()
             .into_iter()
-            .map(|(d, paths)| LayerProfile {
+            .map(|(d, files)| LayerProfile {
                 digest: d.to_string(),
-                paths,
+                files: files
+                    .into_iter()
+                    .map(|(path, ranges)| FileRead { path, ranges })
+                    .collect(),
             })
             .collect(),
     }
 }
 
-/// The profile file `weenv profile` prints: `/path` lines, files of the `only` layers (all
-/// when empty), deduplicated, in layer order then first-read order. Pure.
+/// The profile file `weenv profile` prints (see `weenv_format::prefetch`): `/path` lines, or
+/// `/path<TAB>off+len,...` when only part of the file was read; files of the `only` layers
+/// (all when empty), deduplicated, in layer order then first-read order. Pure.
 pub fn render_profile(r: &ProfileReport, only: &[String]) -> String {
     let mut seen = std::collections::HashSet::new();
     let mut s = String::new();
@@ -152,10 +166,13 @@ pub fn render_profile(r: &ProfileReport, only: &[String]) -> String {
                 .iter()
                 .any(|o| l.digest.ends_with(o.trim_start_matches("sha256:")))
     }) {
-        for p in &l.paths {
-            if seen.insert(p.as_str()) {
-                s.push('/');
-                s.push_str(p);
+        for f in &l.files {
+            if seen.insert(f.path.as_str()) {
+                let line = weenv_format::prefetch::ProfileLine {
+                    path: format!("/{}", f.path),
+                    ranges: f.ranges.clone(),
+                };
+                s.push_str(&line.render());
                 s.push('\n');
             }
         }
@@ -263,23 +280,36 @@ mod tests {
         assert!(t.contains("prefetch 3/4 frames"), "{t}");
     }
 
+    fn whole(p: &str) -> FileRead {
+        FileRead {
+            path: p.into(),
+            ranges: Vec::new(),
+        }
+    }
+
     #[test]
     fn profile_rendering() {
         let r = ProfileReport {
             layers: vec![
                 LayerProfile {
                     digest: "sha256:aa".into(),
-                    paths: vec!["usr/bin/python3.11".into(), "etc/ld.so.cache".into()],
+                    files: vec![
+                        FileRead {
+                            path: "usr/bin/python3.11".into(),
+                            ranges: vec![(0, 1 << 20), (3 << 20, 1 << 20)],
+                        },
+                        whole("etc/ld.so.cache"),
+                    ],
                 },
                 LayerProfile {
                     digest: "sha256:bb".into(),
-                    paths: vec!["etc/ld.so.cache".into(), "app/main.py".into()],
+                    files: vec![whole("etc/ld.so.cache"), whole("app/main.py")],
                 },
             ],
         };
         assert_eq!(
             render_profile(&r, &[]),
-            "/usr/bin/python3.11\n/etc/ld.so.cache\n/app/main.py\n"
+            "/usr/bin/python3.11\t0+1048576,3145728+1048576\n/etc/ld.so.cache\n/app/main.py\n"
         );
         assert_eq!(
             render_profile(&r, &["sha256:bb".into()]),

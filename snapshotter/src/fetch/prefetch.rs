@@ -37,21 +37,21 @@ impl PrefetchProgress {
     }
 }
 
-/// The requests of a prefetch: `wanted` minus frames already cached (`present`), in blob
-/// order, grouped into batches of about `batch_bytes` compressed bytes. Pure.
+/// The requests of a prefetch: `wanted` minus frames already cached (`present`), in the
+/// profile's order (the order the workload first needed them; duplicates dropped), grouped
+/// into batches of about `batch_bytes` compressed bytes. Pure.
 pub fn prefetch_work(
     toc: &Toc,
     wanted: &[FrameIdx],
     batch_bytes: u64,
     present: impl Fn(FrameIdx) -> bool,
 ) -> Vec<Vec<FrameIdx>> {
-    let mut missing: Vec<FrameIdx> = wanted
+    let mut seen = std::collections::HashSet::new();
+    let missing: Vec<FrameIdx> = wanted
         .iter()
         .copied()
-        .filter(|i| (i.0 as usize) < toc.frames.len() && !present(*i))
+        .filter(|i| (i.0 as usize) < toc.frames.len() && !present(*i) && seen.insert(*i))
         .collect();
-    missing.sort_unstable();
-    missing.dedup();
     batches(toc, &missing, batch_bytes)
 }
 
@@ -146,7 +146,7 @@ mod tests {
             u64::MAX,
             |i| i == FrameIdx(1),
         );
-        assert_eq!(w, vec![vec![FrameIdx(0), FrameIdx(3)]]);
+        assert_eq!(w, vec![vec![FrameIdx(3), FrameIdx(0)]]);
         let w = prefetch_work(&toc, &[FrameIdx(0), FrameIdx(2)], 1, |_| false);
         assert_eq!(w, vec![vec![FrameIdx(0)], vec![FrameIdx(2)]]);
     }

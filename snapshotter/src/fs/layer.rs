@@ -9,7 +9,7 @@ use super::inode::LayerTable;
 use crate::fetch::{BlobSource, FillProgress, PrefetchProgress};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
-use weenv_format::{Digest, FrameIdx, Toc};
+use weenv_format::{ChunkRef, Digest, FrameIdx, Toc};
 
 /// Inode number of the mount root.
 pub const ROOT_INO: u64 = 1;
@@ -29,6 +29,34 @@ pub fn decode_ino(ino: u64) -> Option<(u32, u32)> {
     Some((u32::try_from(hi - 1).ok()?, u32::try_from(lo - 1).ok()?))
 }
 
+/// Files in first-read order, and per file the chunk indices read.
+type AccessLog = (
+    Vec<u32>,
+    std::collections::HashMap<u32, std::collections::BTreeSet<u32>>,
+);
+
+/// Byte ranges `(offset, len)` covered by chunks `read` (indices into `chunks`), adjacent
+/// chunks merged; empty when every chunk was read (the whole file). Pure.
+pub fn chunk_ranges(
+    chunks: &[ChunkRef],
+    read: &std::collections::BTreeSet<u32>,
+) -> Vec<(u64, u64)> {
+    if read.len() >= chunks.len() {
+        return Vec::new();
+    }
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    for &i in read {
+        let Some(c) = chunks.get(i as usize) else {
+            continue;
+        };
+        match out.last_mut() {
+            Some((o, l)) if *o + *l == c.file_offset => *l += c.len,
+            _ => out.push((c.file_offset, c.len)),
+        }
+    }
+    out
+}
+
 /// One layer exposed in the FUSE session.
 pub struct Layer {
     pub digest: Digest,
@@ -45,9 +73,9 @@ pub struct Layer {
     pub scan: parking_lot::Mutex<super::readahead::ScanState>,
     /// Per file node: already in `access_log`.
     accessed: Box<[AtomicBool]>,
-    /// File nodes in the order they were first read (or opened with passthrough): the
-    /// start-up profile `weenv profile` prints.
-    access_log: parking_lot::Mutex<Vec<u32>>,
+    /// File nodes in the order they were first read (or opened with passthrough), and the
+    /// chunk indices read of each: the start-up profile `weenv profile` prints.
+    access_log: parking_lot::Mutex<AccessLog>,
     /// Start-up prefetch of this layer (frames named by the image manifest).
     pub prefetch: Arc<PrefetchProgress>,
     /// Frames a start-up prefetch was started for.
@@ -71,7 +99,7 @@ impl Layer {
             ra_horizon: (0..table_len).map(|_| AtomicU32::new(0)).collect(),
             scan: parking_lot::Mutex::new(super::readahead::ScanState::default()),
             accessed: (0..table_len).map(|_| AtomicBool::new(false)).collect(),
-            access_log: parking_lot::Mutex::new(Vec::new()),
+            access_log: parking_lot::Mutex::new(AccessLog::default()),
             prefetch: Arc::new(PrefetchProgress::default()),
             prefetch_claimed: parking_lot::Mutex::new(std::collections::BTreeSet::new()),
         }
@@ -87,31 +115,66 @@ impl Layer {
             .collect()
     }
 
-    /// Records that file `node` was read (first time only; cheap after that).
-    pub fn note_access(&self, node: u32) {
-        if self
+    /// Records that `len` bytes at `offset` of file `node` were read: the file joins the
+    /// access log the first time, and the chunks the range touches are remembered.
+    pub fn note_read(&self, node: u32, offset: u64, len: u64) {
+        let Some(n) = self.table.node(node) else {
+            return;
+        };
+        let end = offset.saturating_add(len).min(n.size);
+        let first = n
+            .chunks
+            .partition_point(|c| c.file_offset.saturating_add(c.len) <= offset);
+        let last = n.chunks.partition_point(|c| c.file_offset < end);
+        self.log_chunks(node, first..last.max(first));
+    }
+
+    /// Records that file `node` was opened for passthrough (the kernel reads it without us):
+    /// the whole file counts as read.
+    pub fn note_open(&self, node: u32) {
+        let chunks = self.table.node(node).map_or(0, |n| n.chunks.len());
+        self.log_chunks(node, 0..chunks);
+    }
+
+    fn log_chunks(&self, node: u32, chunks: std::ops::Range<usize>) {
+        let fresh = self
             .accessed
             .get(node as usize)
-            .is_some_and(|a| !a.swap(true, Ordering::Relaxed))
-        {
-            self.access_log.lock().push(node);
+            .is_some_and(|a| !a.swap(true, Ordering::Relaxed));
+        let mut log = self.access_log.lock();
+        if fresh {
+            log.0.push(node);
+        }
+        let set = log.1.entry(node).or_default();
+        for c in chunks {
+            set.insert(c as u32);
         }
     }
 
-    /// Paths (relative to the layer root) of the files read since the layer was added or
-    /// the log was last reset, in first-read order.
-    pub fn accessed_paths(&self) -> Vec<String> {
-        let nodes = self.access_log.lock().clone();
-        nodes
+    /// The files read since the layer was added or the log was last reset, in first-read
+    /// order: path relative to the layer root, and the byte ranges read (chunk granularity;
+    /// empty when every chunk was read).
+    pub fn accessed(&self) -> Vec<(String, Vec<(u64, u64)>)> {
+        let (order, chunks) = {
+            let log = self.access_log.lock();
+            (log.0.clone(), log.1.clone())
+        };
+        order
             .into_iter()
-            .filter_map(|n| self.table.path_of(n))
+            .filter_map(|n| {
+                let node = self.table.node(n)?;
+                let path = self.table.path_of(n)?;
+                let read = chunks.get(&n).cloned().unwrap_or_default();
+                Some((path, chunk_ranges(&node.chunks, &read)))
+            })
             .collect()
     }
 
     /// Forgets the access log (to record a new workload).
     pub fn reset_access(&self) {
         let mut log = self.access_log.lock();
-        for n in log.drain(..) {
+        log.1.clear();
+        for n in log.0.drain(..) {
             if let Some(a) = self.accessed.get(n as usize) {
                 a.store(false, Ordering::Relaxed);
             }
@@ -182,13 +245,36 @@ mod tests {
         let l = Layer::new(Digest::sha256(b"l"), 0, Arc::new(toc), src);
         let a = l.table.resolve("usr/a").unwrap();
         let b = l.table.resolve("b").unwrap();
-        l.note_access(b);
-        l.note_access(a);
-        l.note_access(b);
-        assert_eq!(l.accessed_paths(), vec!["b", "usr/a"]);
+        l.note_read(b, 0, 2);
+        l.note_read(a, 1, 1);
+        l.note_read(b, 0, 1);
+        let whole = |p: &str| (p.to_string(), Vec::new());
+        assert_eq!(l.accessed(), vec![whole("b"), whole("usr/a")]);
         l.reset_access();
-        assert!(l.accessed_paths().is_empty());
-        l.note_access(a);
-        assert_eq!(l.accessed_paths(), vec!["usr/a"]);
+        assert!(l.accessed().is_empty());
+        l.note_open(a);
+        assert_eq!(l.accessed(), vec![whole("usr/a")]);
+    }
+
+    #[test]
+    fn chunk_ranges_merge_adjacent_reads() {
+        let c = |o: u64, l: u64| ChunkRef {
+            file_offset: o,
+            frame: FrameIdx(0),
+            frame_offset: 0,
+            len: l,
+        };
+        let chunks = vec![c(0, 10), c(10, 10), c(20, 10), c(30, 5)];
+        let set = |v: &[u32]| {
+            v.iter()
+                .copied()
+                .collect::<std::collections::BTreeSet<u32>>()
+        };
+        assert_eq!(
+            chunk_ranges(&chunks, &set(&[0, 1, 3])),
+            vec![(0, 20), (30, 5)]
+        );
+        assert_eq!(chunk_ranges(&chunks, &set(&[2])), vec![(20, 10)]);
+        assert!(chunk_ranges(&chunks, &set(&[0, 1, 2, 3])).is_empty());
     }
 }

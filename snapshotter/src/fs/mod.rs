@@ -227,7 +227,7 @@ impl Filesystem for WeenvFs {
             }
         }
         if complete {
-            layer.note_access(node); // reads will not reach us: record the open
+            layer.note_open(node); // reads will not reach us: record the open
         }
         match self.st.passthrough.begin_open(ino.0, complete) {
             OpenMode::Cached => self.st.passthrough.reply_cached(reply),
@@ -277,7 +277,7 @@ impl Filesystem for WeenvFs {
             let scan = self.st.scan_frames(&plan);
             self.st.prefetch(plan.layer.clone(), scan);
         }
-        plan.layer.note_access(plan.node);
+        plan.layer.note_read(plan.node, offset, u64::from(size));
         if plan.layer.first_touch(plan.node) {
             self.touch_dir_of(&plan.layer, plan.node);
         }
