@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # weenv-snapshotter benchmark: cold "pull + first command" with containerd's stock overlayfs
 # snapshotter (full pull) vs weenv (lazy), warm read throughput, `find` and the read-everything
-# worst case. The registry runs in its own network namespace behind a veth pair whose egress
-# (registry -> node) is shaped with tc HTB to $RATE (netem is not available on this kernel
-# build, so no latency is added: read the numbers as bandwidth-bound, RTT ~0.05 ms).
+# worst case. The registry runs in its own network namespace behind a veth pair shaped with tc
+# HTB to $RATE in both directions. netem is not available on this kernel build, so the
+# one-way latency $LATENCY_MS (default 5 ms) is added by delay_proxy.py, a TCP proxy in the
+# namespace in front of the registry that holds every chunk for that long in each direction
+# (LATENCY_MS=0: no proxy).
 #
 # weenv runs twice on the start-up workload: with the image's start-up profile (recorded once
 # with `weenv profile` on a cold node, attached with `weenv-convert prefetch`: the daemon
@@ -23,6 +25,7 @@ set -euo pipefail
 
 RUNS=${RUNS:-5}
 RATE=${RATE:-200mbit}
+LATENCY_MS=${LATENCY_MS:-5}
 CMD=${CMD:-"import json, sys; print(json.dumps({'ok': 1}))"}
 BIN=${WEENV_BIN:-$(cd "$(dirname "$0")/../.." && pwd)/target/debug}
 NS=weenvbench$$
@@ -75,13 +78,17 @@ cat > "$W/reg/config.yml" <<EOF
 version: 0.1
 log: {level: error}
 storage: {filesystem: {rootdirectory: $W/reg/data}}
-http: {addr: $REG_IP:$PORT}
+http: {addr: $([ "$LATENCY_MS" = 0 ] && echo "$REG_IP:$PORT" || echo "127.0.0.1:$PORT")}
 EOF
 ip netns exec "$NS" docker-registry serve "$W/reg/config.yml" >"$W/reg/log" 2>&1 &
 PIDS+=($!)
+if [ "$LATENCY_MS" != 0 ]; then
+    ip netns exec "$NS" python3 "$(dirname "$0")/delay_proxy.py" "$REG_IP:$PORT" "127.0.0.1:$PORT" "$LATENCY_MS" >"$W/reg/proxy.log" 2>&1 &
+    PIDS+=($!)
+fi
 for _ in $(seq 50); do curl -s "http://$REG_IP:$PORT/v2/" >/dev/null 2>&1 && break; sleep 0.2; done
 REG="$REG_IP:$PORT"
-log "registry at $REG (netns $NS, $RATE)"
+log "registry at $REG (netns $NS, $RATE, one-way latency ${LATENCY_MS} ms)"
 skopeo copy -q --dest-tls-verify=false "oci:$IMG" "docker://$REG/bench:gz"
 "$BIN/weenv-convert" --plain-http "$REG" image "$REG/bench:gz" "$REG/bench:weenv" >"$W/convert.log" 2>&1
 log "converted: $(tail -1 "$W/convert.log")"
@@ -255,7 +262,7 @@ for i in $(seq "$RUNS"); do
 done
 
 m() { echo "${R[$1]}" | tr ' ' '\n' | grep -v '^$' | median; }
-printf '\n%-44s %12s %12s %8s\n' "metric (median of $RUNS, $RATE)" overlayfs weenv ratio
+printf '\n%-44s %12s %12s %8s\n' "metric (median of $RUNS, $RATE, +${LATENCY_MS} ms)" overlayfs weenv ratio
 row() { printf '%-44s %12s %12s %8s\n' "$1" "$2" "$3" "$(echo "scale=2; $4" | bc)"; }
 row "pull + '$CMD' cold, start-up profile (s)" "$(m ovl_start)" "$(m prof_start)" "$(m ovl_start) / $(m prof_start)"
 row "  bytes received for that (MB)" "$(echo "scale=1; $(m ovl_bytes)/1000000" | bc)" "$(echo "scale=1; $(m prof_bytes)/1000000" | bc)" "$(m prof_bytes) / $(m ovl_bytes)"
