@@ -349,7 +349,7 @@ impl LayerStore {
 
     /// Files read from each exposed layer since it was added or [`LayerStore::reset_access`],
     /// in first-read order (paths relative to the layer root, byte ranges read; empty = all).
-    pub fn accessed(&self) -> Vec<(Digest, Vec<(String, Vec<(u64, u64)>)>)> {
+    pub fn accessed(&self) -> Vec<(Digest, Vec<crate::fs::layer::FileRanges>)> {
         self.all_layers()
             .iter()
             .map(|l| (l.digest.clone(), l.accessed()))

@@ -29,6 +29,9 @@ pub fn decode_ino(ino: u64) -> Option<(u32, u32)> {
     Some((u32::try_from(hi - 1).ok()?, u32::try_from(lo - 1).ok()?))
 }
 
+/// A file read: path relative to the layer root and the byte ranges read (empty: all).
+pub type FileRanges = (String, Vec<(u64, u64)>);
+
 /// Files in first-read order, and per file the chunk indices read.
 type AccessLog = (
     Vec<u32>,
@@ -154,7 +157,7 @@ impl Layer {
     /// The files read since the layer was added or the log was last reset, in first-read
     /// order: path relative to the layer root, and the byte ranges read (chunk granularity;
     /// empty when every chunk was read).
-    pub fn accessed(&self) -> Vec<(String, Vec<(u64, u64)>)> {
+    pub fn accessed(&self) -> Vec<FileRanges> {
         let (order, chunks) = {
             let log = self.access_log.lock();
             (log.0.clone(), log.1.clone())
