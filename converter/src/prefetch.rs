@@ -24,8 +24,9 @@ use crate::convert::{platform_label, PlatformSpec};
 use crate::inspect::layer_toc;
 use crate::location::ImageLocation;
 use crate::sink::{Put, Sink};
-use crate::source::{is_index_type, Source};
+use crate::source::Source;
 pub use crate::summary::profile_table;
+use crate::verify::{index_children, runnable};
 use crate::ConvertError;
 use bytes::Bytes;
 use serde::Serialize;
@@ -37,7 +38,7 @@ use weenv_format::prefetch::{
     encode_frames, parse_profile, resolve_profile, Resolved, ANNOTATION_PREFETCH,
 };
 use weenv_format::{Digest, Toc};
-use weenv_registry::{select_platform, Client, Descriptor, ImageIndex, ImageManifest, Manifest};
+use weenv_registry::{Client, Descriptor, ImageIndex, ImageManifest, Manifest};
 
 /// One layer of a profiled manifest.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -210,13 +211,6 @@ pub fn rewrite_index(
     out
 }
 
-fn runnable(d: &Descriptor) -> bool {
-    !is_index_type(&d.media_type)
-        && d.platform
-            .as_ref()
-            .is_some_and(|p| p.os != "unknown" && p.architecture != "unknown")
-}
-
 /// Whether `a` and `b` are the same repository / layout directory (manifests by digest and
 /// blobs of one are in the other).
 pub fn same_repository(a: &ImageLocation, b: &ImageLocation) -> bool {
@@ -266,20 +260,7 @@ pub async fn apply_profile(
             None
         }
         Manifest::Index(ix) => {
-            let children: Vec<Descriptor> = match platform {
-                Some(p) => vec![select_platform(&ix, &p.os, &p.arch, p.variant.as_deref())
-                    .ok_or_else(|| ConvertError::BadImage {
-                        location: source.describe(),
-                        reason: format!("index has no manifest for {}/{}", p.os, p.arch),
-                    })?
-                    .clone()],
-                None => ix
-                    .manifests
-                    .iter()
-                    .filter(|d| runnable(d))
-                    .cloned()
-                    .collect(),
-            };
+            let children = index_children(&ix, platform, &source.describe())?;
             for d in &children {
                 let blob = source.manifest(d).await?;
                 let Manifest::Image(m) = Manifest::parse(&blob.media_type, &blob.bytes)? else {

@@ -17,7 +17,7 @@ use sha2::{Digest as _, Sha256};
 use std::path::Path;
 use weenv_format::reader::{LayerReader, TocHint};
 use weenv_format::Digest;
-use weenv_registry::{select_platform, Client, Descriptor, ImageManifest, Manifest};
+use weenv_registry::{select_platform, Client, Descriptor, ImageIndex, ImageManifest, Manifest};
 
 /// Result for one layer.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -32,6 +32,37 @@ pub struct LayerVerdict {
     pub problems: Vec<String>,
 }
 
+/// Whether an index entry is a runnable image (not a nested index, not an attestation or
+/// other `unknown` platform).
+pub fn runnable(d: &Descriptor) -> bool {
+    !is_index_type(&d.media_type)
+        && d.platform
+            .as_ref()
+            .is_some_and(|p| p.os != "unknown" && p.architecture != "unknown")
+}
+
+/// The entries of index `ix` to work on: the one for `platform`, or every runnable one.
+pub fn index_children(
+    ix: &ImageIndex,
+    platform: Option<&PlatformSpec>,
+    location: &str,
+) -> Result<Vec<Descriptor>, ConvertError> {
+    Ok(match platform {
+        Some(p) => vec![select_platform(ix, &p.os, &p.arch, p.variant.as_deref())
+            .ok_or_else(|| ConvertError::BadImage {
+                location: location.to_string(),
+                reason: format!("index has no manifest for {}/{}", p.os, p.arch),
+            })?
+            .clone()],
+        None => ix
+            .manifests
+            .iter()
+            .filter(|d| runnable(d))
+            .cloned()
+            .collect(),
+    })
+}
+
 /// The image manifests of a source: every runnable platform of an index (or the one asked
 /// for), with their platform label and digest.
 pub async fn image_manifests(
@@ -41,22 +72,7 @@ pub async fn image_manifests(
     let root = source.root().await?;
     let children = match Manifest::parse(&root.media_type, &root.bytes)? {
         Manifest::Image(m) => return Ok(vec![(None, m, root.digest)]),
-        Manifest::Index(ix) => match platform {
-            Some(p) => vec![select_platform(&ix, &p.os, &p.arch, p.variant.as_deref())
-                .ok_or_else(|| ConvertError::BadImage {
-                    location: source.describe(),
-                    reason: format!("index has no manifest for {}/{}", p.os, p.arch),
-                })?
-                .clone()],
-            None => ix
-                .manifests
-                .into_iter()
-                .filter(|d| {
-                    !is_index_type(&d.media_type)
-                        && d.platform.as_ref().is_some_and(|p| p.os != "unknown")
-                })
-                .collect(),
-        },
+        Manifest::Index(ix) => index_children(&ix, platform, &source.describe())?,
     };
     let mut out = Vec::new();
     for d in children {

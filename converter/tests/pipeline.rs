@@ -5,16 +5,12 @@
 
 mod common;
 
-use common::{client, layout, rt, sha};
+use common::{client, layout, rt, sha, try_convert as convert};
 use flate2::write::GzEncoder;
 use proptest::prelude::*;
 use std::io::{Read, Write};
 use std::path::Path;
-use std::sync::Arc;
-use weenv_converter::{
-    convert_image, verify_image, ConvertError, ConvertOptions, ImageLocation, LayerAction,
-    NoProgress,
-};
+use weenv_converter::{verify_image, ConvertError, ImageLocation, LayerAction};
 
 fn tar_of(files: &[(String, Vec<u8>)]) -> Vec<u8> {
     let mut b = tar::Builder::new(Vec::new());
@@ -38,25 +34,6 @@ fn gzip(data: &[u8]) -> Vec<u8> {
     let mut e = GzEncoder::new(Vec::new(), flate2::Compression::fast());
     e.write_all(data).unwrap();
     e.finish().unwrap()
-}
-
-async fn convert(src: &str, dst: &str) -> Result<weenv_converter::ImageReport, ConvertError> {
-    convert_image(
-        &client(),
-        &ImageLocation::parse(src)?,
-        &ImageLocation::parse(dst)?,
-        &ConvertOptions {
-            writer: weenv_format::writer::WriterOptions {
-                frame_size: 4096,
-                small_file_threshold: 1024,
-                chunk_size: 2048,
-                level: 3,
-            },
-            ..Default::default()
-        },
-        Arc::new(NoProgress),
-    )
-    .await
 }
 
 fn zstd_decode(path: &Path) -> Vec<u8> {

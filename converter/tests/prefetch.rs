@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::two_layer::{convert, paths, two_layer_source, PROFILE};
+use common::two_layer::{convert, converted_two_layer, paths, PROFILE};
 use common::{client, rt};
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -58,15 +58,8 @@ fn frames_of(toc: &Toc, files: &[&str]) -> Vec<FrameIdx> {
 fn profile_annotates_exactly_the_frames_of_the_profile_files() {
     let tmp = tempfile::tempdir().unwrap();
     let rt = rt();
-    let src = tmp.path().join("src");
-    two_layer_source(&src);
-    let dir = tmp.path().join("w");
-    let converted = rt.block_on(convert(
-        &format!("oci:{}:src", src.display()),
-        &format!("oci:{}:conv", dir.display()),
-    ));
+    let (converted, dir, img) = converted_two_layer(tmp.path(), &rt);
     let before = manifest(&dir, "conv");
-    let img = format!("oci:{}:conv", dir.display());
 
     let r = rt.block_on(apply(&img, None, &paths(PROFILE))).unwrap();
     assert_eq!(r.paths, PROFILE.len());
@@ -148,14 +141,7 @@ fn profile_annotates_exactly_the_frames_of_the_profile_files() {
 fn profile_to_another_layout_copies_blobs_once() {
     let tmp = tempfile::tempdir().unwrap();
     let rt = rt();
-    let src = tmp.path().join("src");
-    two_layer_source(&src);
-    let dir = tmp.path().join("w");
-    rt.block_on(convert(
-        &format!("oci:{}:src", src.display()),
-        &format!("oci:{}:conv", dir.display()),
-    ));
-    let img = format!("oci:{}:conv", dir.display());
+    let (_, _, img) = converted_two_layer(tmp.path(), &rt);
     let in_place = rt.block_on(apply(&img, None, &paths(PROFILE))).unwrap();
     let elsewhere = format!("oci:{}:p", tmp.path().join("elsewhere").display());
     let r = rt
@@ -182,15 +168,8 @@ fn profile_to_another_layout_copies_blobs_once() {
 fn bad_profiles_and_images_write_nothing() {
     let tmp = tempfile::tempdir().unwrap();
     let rt = rt();
-    let src = tmp.path().join("src");
-    two_layer_source(&src);
-    let dir = tmp.path().join("w");
-    rt.block_on(convert(
-        &format!("oci:{}:src", src.display()),
-        &format!("oci:{}:conv", dir.display()),
-    ));
+    let (_, dir, img) = converted_two_layer(tmp.path(), &rt);
     let index = std::fs::read(dir.join("index.json")).unwrap();
-    let img = format!("oci:{}:conv", dir.display());
     match rt.block_on(apply(&img, None, &paths(&["/nope", "/d/gone", "/d"]))) {
         Err(ConvertError::ProfileUnresolved {
             paths: 3, first, ..
@@ -198,7 +177,7 @@ fn bad_profiles_and_images_write_nothing() {
         other => panic!("expected ProfileUnresolved, got {other:?}"),
     }
     assert_eq!(std::fs::read(dir.join("index.json")).unwrap(), index);
-    let src_img = format!("oci:{}:src", src.display());
+    let src_img = format!("oci:{}:src", tmp.path().join("src").display());
     match rt.block_on(apply(&src_img, None, &paths(PROFILE))) {
         Err(ConvertError::NotWeenv { .. }) => {}
         other => panic!("expected NotWeenv, got {other:?}"),
@@ -211,14 +190,7 @@ fn cli_prefetch_reads_stdin_and_prints_json() {
     use std::process::{Command, Stdio};
     let tmp = tempfile::tempdir().unwrap();
     let rt = rt();
-    let src = tmp.path().join("src");
-    two_layer_source(&src);
-    let dir = tmp.path().join("w");
-    rt.block_on(convert(
-        &format!("oci:{}:src", src.display()),
-        &format!("oci:{}:conv", dir.display()),
-    ));
-    let img = format!("oci:{}:conv", dir.display());
+    let (_, dir, img) = converted_two_layer(tmp.path(), &rt);
     let expected = rt
         .block_on(apply(
             &img,
@@ -271,7 +243,7 @@ fn cli_prefetch_reads_stdin_and_prints_json() {
         .args([
             "--json",
             "image",
-            &format!("oci:{}:src", src.display()),
+            &format!("oci:{}:src", tmp.path().join("src").display()),
             &format!("oci:{}:both", dir.display()),
             "--frame-size",
             "4096",

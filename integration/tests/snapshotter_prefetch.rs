@@ -12,42 +12,14 @@ use snapshotter_common::*;
 use std::process::Command;
 use std::time::{Duration, Instant};
 use weenv_integration::containerd::{Containerd, ContainerdOptions};
-use weenv_integration::images;
-use weenv_integration::registry::{CountingProxy, LocalRegistry};
-use weenv_integration::util::{require_root_and_bins, workspace_bin};
+use weenv_integration::util::workspace_bin;
 
 const CMD: &str = "import json, sys; print(json.dumps({'ok': sys.version_info[0]}))";
 
 fn run_python(ctd: &Containerd, ns: &str, image: &str, id: &str) -> Result<()> {
-    let o = ctd.ctr_ns(
-        ns,
-        &[
-            "run",
-            "--rm",
-            "--snapshotter",
-            "weenv",
-            image,
-            id,
-            "python3",
-            "-c",
-            CMD,
-        ],
-    )?;
-    let out = String::from_utf8_lossy(&o.stdout);
-    ensure!(
-        o.status.success() && out.contains("{\"ok\": 3}"),
-        "ctr run {id}: {out}{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
+    let out = ctr_run(ctd, ns, "weenv", image, id, &["python3", "-c", CMD])?;
+    ensure!(out.contains("{\"ok\": 3}"), "ctr run {id}: {out}");
     Ok(())
-}
-
-fn options(reg: &LocalRegistry, proxy: &CountingProxy) -> DaemonOptions {
-    DaemonOptions {
-        plain_http: vec![reg.host(), proxy.host()],
-        fill: false,
-        fill_extra: String::new(),
-    }
 }
 
 /// (frames named by profiles, of which cached) over all layers, from `weenv status --json`.
@@ -73,28 +45,13 @@ fn metric(d: &Daemon, name: &str) -> Result<u64> {
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs root, containerd, runc, fuse, docker-registry, skopeo, umoci, debootstrap"]
 async fn recorded_profile_is_prefetched_at_mount() -> Result<()> {
-    require_root_and_bins(&[
-        "containerd",
-        "ctr",
-        "runc",
-        "docker-registry",
-        "skopeo",
-        "debootstrap",
-        "fusermount3",
-    ])?;
-    let tmp = tempfile::tempdir()?;
-    let reg = LocalRegistry::start(tmp.path())?;
-    let proxy = CountingProxy::start(reg.addr())?;
-    let img = images::python()?;
-    let gz = reg.push(&img, "python:gz")?;
-    let direct = format!("{}/python:weenv", reg.host());
-    let c = client(&[reg.host(), proxy.host()])?;
-    convert(&c, &gz, &direct).await?;
+    let py = PythonImage::start().await?;
+    let (proxy, tmp, direct) = (&py.proxy, &py.tmp, &py.direct);
 
     // 1. Record: cold node, no fill, run the command once, read the profile.
     let plain = format!("{}/python:weenv", proxy.host());
     let (profile, cold_served) = {
-        let d = Daemon::start(&tmp.path().join("snap-a"), &options(&reg, &proxy))?;
+        let d = Daemon::start(&tmp.path().join("snap-a"), &py.daemon_options())?;
         let ctd = Containerd::start(ContainerdOptions {
             proxy_snapshotter: Some(d.socket.clone()),
             ..Default::default()
@@ -131,13 +88,13 @@ async fn recorded_profile_is_prefetched_at_mount() -> Result<()> {
     // 2. Attach it to the manifest under a new tag: layer blobs are not sent again.
     let file = tmp.path().join("startup.profile");
     std::fs::write(&file, &profile)?;
-    let profiled_direct = format!("{}/python:weenv-profiled", reg.host());
+    let profiled_direct = format!("{}/python:weenv-profiled", py.reg.host());
     let o = Command::new(workspace_bin("weenv-convert")?)
         .args([
             "--plain-http",
-            &reg.host(),
+            &py.reg.host(),
             "prefetch",
-            &direct,
+            direct,
             "--profile",
         ])
         .arg(&file)
@@ -153,7 +110,7 @@ async fn recorded_profile_is_prefetched_at_mount() -> Result<()> {
 
     // 3. Fresh node: pull the profiled image; the prefetch runs right after the mounts.
     let profiled = format!("{}/python:weenv-profiled", proxy.host());
-    let d = Daemon::start(&tmp.path().join("snap-b"), &options(&reg, &proxy))?;
+    let d = Daemon::start(&tmp.path().join("snap-b"), &py.daemon_options())?;
     let ctd = Containerd::start(ContainerdOptions {
         proxy_snapshotter: Some(d.socket.clone()),
         ..Default::default()

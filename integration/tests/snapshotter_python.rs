@@ -13,68 +13,25 @@ mod snapshotter_common;
 use anyhow::{ensure, Result};
 use snapshotter_common::*;
 use weenv_integration::containerd::{Containerd, ContainerdOptions};
-use weenv_integration::images;
-use weenv_integration::registry::{CountingProxy, LocalRegistry};
-use weenv_integration::util::require_root_and_bins;
-
-fn ctr_run(
-    ctd: &Containerd,
-    ns: &str,
-    snapshotter: &str,
-    image: &str,
-    id: &str,
-    cmd: &[&str],
-) -> Result<String> {
-    let mut args = vec!["run", "--rm", "--snapshotter", snapshotter, image, id];
-    args.extend_from_slice(cmd);
-    let o = ctd.ctr_ns(ns, &args)?;
-    ensure!(
-        o.status.success(),
-        "ctr run {id} failed: {}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    Ok(String::from_utf8_lossy(&o.stdout).into_owned())
-}
 
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs root, containerd, runc, fuse, docker-registry, skopeo, umoci, debootstrap"]
 async fn python_lazy_start_and_conformance_with_overlayfs() -> Result<()> {
-    require_root_and_bins(&[
-        "containerd",
-        "ctr",
-        "runc",
-        "docker-registry",
-        "skopeo",
-        "debootstrap",
-        "fusermount3",
-    ])?;
-    let tmp = tempfile::tempdir()?;
-    let reg = LocalRegistry::start(tmp.path())?;
-    let proxy = CountingProxy::start(reg.addr())?;
-    let img = images::python()?;
-    let gz = reg.push(&img, "python:gz")?;
-    let weenv_direct = format!("{}/python:weenv", reg.host());
-    let c = client(&[reg.host(), proxy.host()])?;
-    let report = convert(&c, &gz, &weenv_direct).await?;
+    let py = PythonImage::start().await?;
+    let (proxy, c, report) = (&py.proxy, &py.client, &py.report);
+    let weenv_direct = py.direct.clone();
+    let tmp = &py.tmp;
     let weenv = format!("{}/python:weenv", proxy.host());
     // The image's bytes: its uncompressed size (the ≥150 MB rootfs); the compressed layer bytes
     // are printed for reference.
     let image_bytes: u64 = report.manifests[0].layers.iter().map(|l| l.tar_size).sum();
-    let layer_bytes = image_layer_bytes(&c, &weenv_direct).await?;
+    let layer_bytes = image_layer_bytes(c, &weenv_direct).await?;
     ensure!(
         image_bytes > 150_000_000,
         "python image is only {image_bytes} bytes"
     );
 
-    let daemon = Daemon::start(
-        &tmp.path().join("snap"),
-        &DaemonOptions {
-            plain_http: vec![reg.host(), proxy.host()],
-            fill: false,
-            fill_extra: std::env::var("WEENV_TEST_FILL_EXTRA").unwrap_or_default(),
-        },
-    )?;
+    let daemon = Daemon::start(&tmp.path().join("snap"), &py.daemon_options())?;
     let ctd = Containerd::start(ContainerdOptions {
         proxy_snapshotter: Some(daemon.socket.clone()),
         ..Default::default()

@@ -7,8 +7,34 @@ pub mod two_layer;
 
 use sha2::{Digest as _, Sha256};
 use std::path::Path;
-use weenv_converter::registry_config;
+use std::sync::Arc;
+use weenv_converter::{
+    convert_image, registry_config, ConvertError, ConvertOptions, ImageLocation, NoProgress,
+};
 use weenv_registry::Client;
+
+/// Convert `src` to `dst` with small frames and chunks (files span several frames).
+pub async fn try_convert(
+    src: &str,
+    dst: &str,
+) -> Result<weenv_converter::ImageReport, ConvertError> {
+    convert_image(
+        &client(),
+        &ImageLocation::parse(src)?,
+        &ImageLocation::parse(dst)?,
+        &ConvertOptions {
+            writer: weenv_format::writer::WriterOptions {
+                frame_size: 4096,
+                small_file_threshold: 1024,
+                chunk_size: 2048,
+                level: 3,
+            },
+            ..Default::default()
+        },
+        Arc::new(NoProgress),
+    )
+    .await
+}
 
 pub fn sha(data: &[u8]) -> String {
     format!("sha256:{}", hex::encode(Sha256::digest(data)))

@@ -1,10 +1,8 @@
 //! A two-layer image for prefetch tests: the upper layer overrides one file of the lower one,
 //! whites out another and adds one; small frames so files span several frames.
 
-use super::{client, layout, put, sha};
+use super::{layout, put, sha};
 use std::path::Path;
-use std::sync::Arc;
-use weenv_converter::{convert_image, ConvertOptions, ImageLocation, NoProgress};
 
 pub enum E<'a> {
     Dir(&'a str),
@@ -125,22 +123,23 @@ pub fn paths(p: &[&str]) -> Vec<String> {
     p.iter().map(|s| s.to_string()).collect()
 }
 
+/// The two-layer source under `tmp/src`, converted to the layout `tmp/w` tag `conv`:
+/// (report, layout dir, `oci:` reference of the converted image).
+pub fn converted_two_layer(
+    tmp: &Path,
+    rt: &tokio::runtime::Runtime,
+) -> (weenv_converter::ImageReport, std::path::PathBuf, String) {
+    let src = tmp.join("src");
+    two_layer_source(&src);
+    let dir = tmp.join("w");
+    let report = rt.block_on(convert(
+        &format!("oci:{}:src", src.display()),
+        &format!("oci:{}:conv", dir.display()),
+    ));
+    let img = format!("oci:{}:conv", dir.display());
+    (report, dir, img)
+}
+
 pub async fn convert(src: &str, dst: &str) -> weenv_converter::ImageReport {
-    convert_image(
-        &client(),
-        &ImageLocation::parse(src).unwrap(),
-        &ImageLocation::parse(dst).unwrap(),
-        &ConvertOptions {
-            writer: weenv_format::writer::WriterOptions {
-                frame_size: 4096,
-                small_file_threshold: 1024,
-                chunk_size: 2048,
-                level: 3,
-            },
-            ..Default::default()
-        },
-        Arc::new(NoProgress),
-    )
-    .await
-    .unwrap()
+    super::try_convert(src, dst).await.unwrap()
 }

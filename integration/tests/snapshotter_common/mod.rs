@@ -185,6 +185,87 @@ impl Drop for Daemon {
     }
 }
 
+/// Binaries the tests with the Debian+python3 image need.
+pub const PYTHON_BINS: &[&str] = &[
+    "containerd",
+    "ctr",
+    "runc",
+    "docker-registry",
+    "skopeo",
+    "debootstrap",
+    "fusermount3",
+];
+
+/// A private registry with a counting proxy in front, holding the Debian+python3 test image
+/// as `python:gz` and converted to weenv as `python:weenv`.
+pub struct PythonImage {
+    pub reg: weenv_integration::registry::LocalRegistry,
+    pub proxy: weenv_integration::registry::CountingProxy,
+    /// `<registry>/python:gz`.
+    pub gz: String,
+    /// `<registry>/python:weenv` (direct, not through the proxy).
+    pub direct: String,
+    pub client: weenv_registry::Client,
+    pub report: weenv_converter::ImageReport,
+    /// Last: removed after the registry stopped.
+    pub tmp: tempfile::TempDir,
+}
+
+impl PythonImage {
+    /// Checks root and [`PYTHON_BINS`], starts the registry and proxy, pushes and converts.
+    pub async fn start() -> Result<PythonImage> {
+        weenv_integration::util::require_root_and_bins(PYTHON_BINS)?;
+        let tmp = tempfile::tempdir()?;
+        let reg = weenv_integration::registry::LocalRegistry::start(tmp.path())?;
+        let proxy = weenv_integration::registry::CountingProxy::start(reg.addr())?;
+        let img = weenv_integration::images::python()?;
+        let gz = reg.push(&img, "python:gz")?;
+        let direct = format!("{}/python:weenv", reg.host());
+        let client = client(&[reg.host(), proxy.host()])?;
+        let report = convert(&client, &gz, &direct).await?;
+        Ok(PythonImage {
+            reg,
+            proxy,
+            gz,
+            direct,
+            client,
+            report,
+            tmp,
+        })
+    }
+
+    /// Daemon options for this registry and proxy (fill off).
+    pub fn daemon_options(&self) -> DaemonOptions {
+        DaemonOptions {
+            plain_http: vec![self.reg.host(), self.proxy.host()],
+            fill: false,
+            fill_extra: std::env::var("WEENV_TEST_FILL_EXTRA").unwrap_or_default(),
+        }
+    }
+}
+
+/// `ctr run --rm --snapshotter SNAPSHOTTER IMAGE ID CMD...` in namespace `ns`; its stdout.
+pub fn ctr_run(
+    ctd: &weenv_integration::containerd::Containerd,
+    ns: &str,
+    snapshotter: &str,
+    image: &str,
+    id: &str,
+    cmd: &[&str],
+) -> Result<String> {
+    let mut args = vec!["run", "--rm", "--snapshotter", snapshotter, image, id];
+    args.extend_from_slice(cmd);
+    let o = ctd.ctr_ns(ns, &args)?;
+    if !o.status.success() {
+        bail!(
+            "ctr run {id} failed: {}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&o.stdout).into_owned())
+}
+
 /// A registry client with plain HTTP for `hosts`.
 pub fn client(hosts: &[String]) -> Result<weenv_registry::Client> {
     Ok(weenv_registry::Client::new(

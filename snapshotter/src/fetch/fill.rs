@@ -345,24 +345,8 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn fill_waits_for_on_demand_reads_then_completes() {
-        use crate::cache::{DiskCache, MemoryCache};
-        use crate::fetch::plan::PlanLimits;
-        use crate::fetch::testutil::{build_layer, noise, tar_of, MemSource, T};
-        use crate::metrics::Metrics;
-        let files: Vec<(String, Vec<u8>)> =
-            (0..6).map(|i| (format!("f{i}"), noise(i, 3000))).collect();
-        let entries: Vec<T<'_>> = files.iter().map(|(p, d)| T::File(p, d.clone())).collect();
-        let (_, toc, blob) = build_layer(&tar_of(&entries), 4096);
-        let toc = Arc::new(toc);
-        let dir = tempfile::tempdir().unwrap();
-        let metrics = Arc::new(Metrics::new());
-        let l2 = DiskCache::open(dir.path(), 1 << 30, metrics.clone()).unwrap();
-        let store = Arc::new(FrameStore::new(
-            MemoryCache::new(1 << 20),
-            l2,
-            metrics.clone(),
-            PlanLimits::default(),
-        ));
+        use crate::fetch::testutil::{six_file_store, MemSource};
+        let (toc, blob, store, metrics, _dir) = six_file_store();
         let (src, gate) = MemSource::gated(blob);
         let s: Arc<dyn BlobSource> = src.clone();
         let on_demand = {

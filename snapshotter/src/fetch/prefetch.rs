@@ -122,17 +122,11 @@ pub async fn run_prefetch(
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use crate::cache::{DiskCache, MemoryCache};
-    use crate::fetch::plan::PlanLimits;
-    use crate::fetch::testutil::{build_layer, noise, tar_of, MemSource, T};
-    use crate::metrics::Metrics;
+    use crate::fetch::testutil::{six_file_store, MemSource};
 
     #[test]
     fn work_skips_present_and_out_of_range_frames() {
-        let files: Vec<(String, Vec<u8>)> =
-            (0..6).map(|i| (format!("f{i}"), noise(i, 3000))).collect();
-        let entries: Vec<T<'_>> = files.iter().map(|(p, d)| T::File(p, d.clone())).collect();
-        let (_, toc, _) = build_layer(&tar_of(&entries), 4096);
+        let (toc, _, _, _, _dir) = six_file_store();
         assert!(toc.frames.len() >= 4, "{} frames", toc.frames.len());
         let w = prefetch_work(
             &toc,
@@ -153,20 +147,7 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn prefetch_fetches_only_the_profile_frames() {
-        let files: Vec<(String, Vec<u8>)> =
-            (0..6).map(|i| (format!("f{i}"), noise(i, 3000))).collect();
-        let entries: Vec<T<'_>> = files.iter().map(|(p, d)| T::File(p, d.clone())).collect();
-        let (_, toc, blob) = build_layer(&tar_of(&entries), 4096);
-        let toc = Arc::new(toc);
-        let dir = tempfile::tempdir().unwrap();
-        let metrics = Arc::new(Metrics::new());
-        let l2 = DiskCache::open(dir.path(), 1 << 30, metrics.clone()).unwrap();
-        let store = Arc::new(FrameStore::new(
-            MemoryCache::new(1 << 20),
-            l2,
-            metrics.clone(),
-            PlanLimits::default(),
-        ));
+        let (toc, blob, store, metrics, _dir) = six_file_store();
         let (src, gate) = MemSource::gated(blob);
         gate.add_permits(1000);
         let s: Arc<dyn BlobSource> = src.clone();

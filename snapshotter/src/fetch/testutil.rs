@@ -142,3 +142,28 @@ impl BlobSource for MemSource {
         self.data.lock().len() as u64
     }
 }
+
+/// A layer of six 3000-byte noise files in 4 KiB frames, and a frame store with a fresh L2
+/// (in the returned temp dir) and 1 MiB L1: (toc, blob, store, metrics, dir).
+pub fn six_file_store() -> (
+    Arc<Toc>,
+    Vec<u8>,
+    Arc<super::FrameStore>,
+    Arc<crate::metrics::Metrics>,
+    tempfile::TempDir,
+) {
+    use crate::cache::{DiskCache, MemoryCache};
+    let files: Vec<(String, Vec<u8>)> = (0..6).map(|i| (format!("f{i}"), noise(i, 3000))).collect();
+    let entries: Vec<T<'_>> = files.iter().map(|(p, d)| T::File(p, d.clone())).collect();
+    let (_, toc, blob) = build_layer(&tar_of(&entries), 4096);
+    let dir = tempfile::tempdir().unwrap();
+    let metrics = Arc::new(crate::metrics::Metrics::new());
+    let l2 = DiskCache::open(dir.path(), 1 << 30, metrics.clone()).unwrap();
+    let store = Arc::new(super::FrameStore::new(
+        MemoryCache::new(1 << 20),
+        l2,
+        metrics.clone(),
+        super::plan::PlanLimits::default(),
+    ));
+    (Arc::new(toc), blob, store, metrics, dir)
+}
