@@ -71,8 +71,9 @@ enum Cmd {
     Inspect { image: String },
     /// Attach a start-up prefetch profile to a weenv image: rewrites only the manifest(s).
     ///
-    /// The profile lists the files a container reads at start-up, one path per line (`#`
-    /// comments), as `weenv profile` prints them. Paths are resolved through the image's
+    /// The profile lists the files a container reads at start-up, one file per line in first-read
+    /// order (`PATH`, or `PATH<TAB>OFFSET+LEN,...` for byte ranges; `#` comments), as
+    /// `weenv profile` prints them. Paths are resolved through the image's
     /// merged view (whiteouts, opaque directories, symlinks, hardlinks), and every weenv layer
     /// descriptor gets the frames holding those files in the annotation
     /// io.weenv.prefetch.frames; the snapshotter fetches them as soon as it mounts the layer.

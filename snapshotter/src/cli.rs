@@ -56,7 +56,8 @@ pub enum Cmd {
         json: bool,
     },
     /// Print the files containers read from weenv layers since they were mounted (or since
-    /// `--reset`), one `/path` per line: a start-up profile for `weenv-convert prefetch`.
+    /// `--reset`), one `/path` per line in first-read order (`/path<TAB>off+len,...` for files read
+    /// only in part): a start-up profile for `weenv-convert prefetch`.
     /// Record it on a node where the image's layers were mounted cold (fresh `weenv pull`),
     /// after running the workload once.
     Profile {
