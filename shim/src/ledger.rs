@@ -361,6 +361,5 @@ impl Ledger {
     }
 }
 
-#[cfg(test)]
 #[path = "ledger_tests.rs"]
 mod tests;

@@ -1,3 +1,4 @@
+#![cfg(test)] // test-only module: the whole file compiles only under `cargo test`
 #![allow(clippy::unwrap_used)]
 
 use super::*;

@@ -417,6 +417,5 @@ impl Monitor {
     }
 }
 
-#[cfg(test)]
 #[path = "monitor_tests.rs"]
 mod tests;

@@ -339,6 +339,5 @@ pub fn decide(samples: &[Sample], now: Duration, current: &Current, policy: &Pol
     d
 }
 
-#[cfg(test)]
 #[path = "policy_tests.rs"]
 mod tests;

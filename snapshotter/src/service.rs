@@ -479,5 +479,4 @@ pub fn dir_usage(root: &Path) -> std::io::Result<(i64, i64)> {
     Ok((size, seen.len() as i64))
 }
 
-#[cfg(test)]
 mod tests;

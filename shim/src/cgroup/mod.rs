@@ -213,6 +213,5 @@ pub(crate) fn limit_or_none(v: u64) -> Option<u64> {
     (v < (1u64 << 62)).then_some(v)
 }
 
-#[cfg(test)]
 #[path = "tests.rs"]
 mod tests;

@@ -13,7 +13,6 @@ pub mod frames;
 pub mod plan;
 pub mod prefetch;
 pub mod source;
-#[cfg(test)]
 pub(crate) mod testutil;
 
 pub use fill::{FillConfig, FillProgress, FillShared, FillState};

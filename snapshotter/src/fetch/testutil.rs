@@ -1,6 +1,9 @@
 //! Test helpers: weenv layers built from in-memory tars, and an in-memory blob source with a
 //! request log, a gate (to hold requests in flight) and tampering.
 
+#![cfg(test)] // test-only module: the whole file compiles only under `cargo test`
+#![allow(clippy::unwrap_used)]
+
 use super::{BlobSource, FetchError};
 use async_trait::async_trait;
 use bytes::Bytes;

@@ -1,3 +1,6 @@
+#![cfg(test)] // test-only module: the whole file compiles only under `cargo test`
+#![allow(clippy::unwrap_used)]
+
 use super::*;
 use crate::remote::{MountedLayer, LABEL_CRI_IMAGE_REF, LABEL_CRI_LAYER_DIGEST};
 use parking_lot::Mutex;

@@ -368,5 +368,4 @@ fn decode<T: serde::de::DeserializeOwned>(key: &str, b: &[u8]) -> Result<T, Stor
     })
 }
 
-#[cfg(test)]
 mod tests;

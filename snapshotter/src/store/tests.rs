@@ -1,3 +1,6 @@
+#![cfg(test)] // test-only module: the whole file compiles only under `cargo test`
+#![allow(clippy::unwrap_used)]
+
 use super::*;
 
 fn store() -> (tempfile::TempDir, MetaStore) {
