@@ -74,8 +74,6 @@ pub struct Layer {
     ra_horizon: Box<[AtomicU32]>,
     /// Blob-order scan detection across files (see [`super::readahead::scan_step`]).
     pub scan: parking_lot::Mutex<super::readahead::ScanState>,
-    /// Per file node: already in `access_log`.
-    accessed: Box<[AtomicBool]>,
     /// File nodes in the order they were first read (or opened with passthrough), and the
     /// chunk indices read of each: the start-up profile `weenv profile` prints.
     access_log: parking_lot::Mutex<AccessLog>,
@@ -101,7 +99,6 @@ impl Layer {
             touched,
             ra_horizon: (0..table_len).map(|_| AtomicU32::new(0)).collect(),
             scan: parking_lot::Mutex::new(super::readahead::ScanState::default()),
-            accessed: (0..table_len).map(|_| AtomicBool::new(false)).collect(),
             access_log: parking_lot::Mutex::new(AccessLog::default()),
             prefetch: Arc::new(PrefetchProgress::default()),
             prefetch_claimed: parking_lot::Mutex::new(std::collections::BTreeSet::new()),
@@ -140,12 +137,8 @@ impl Layer {
     }
 
     fn log_chunks(&self, node: u32, chunks: std::ops::Range<usize>) {
-        let fresh = self
-            .accessed
-            .get(node as usize)
-            .is_some_and(|a| !a.swap(true, Ordering::Relaxed));
         let mut log = self.access_log.lock();
-        if fresh {
+        if !log.1.contains_key(&node) {
             log.0.push(node);
         }
         let set = log.1.entry(node).or_default();
@@ -175,13 +168,7 @@ impl Layer {
 
     /// Forgets the access log (to record a new workload).
     pub fn reset_access(&self) {
-        let mut log = self.access_log.lock();
-        log.1.clear();
-        for n in log.0.drain(..) {
-            if let Some(a) = self.accessed.get(n as usize) {
-                a.store(false, Ordering::Relaxed);
-            }
-        }
+        *self.access_log.lock() = AccessLog::default();
     }
 
     /// Marks `node` touched; true the first time.

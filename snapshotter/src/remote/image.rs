@@ -14,7 +14,7 @@ use std::sync::Arc;
 use tokio::sync::OnceCell;
 use weenv_format::prefetch::ANNOTATION_PREFETCH;
 use weenv_format::{Digest, TocHint};
-use weenv_registry::{Client, ImageManifest, Manifest, Reference};
+use weenv_registry::{select_platform, Client, ImageManifest, Manifest, Reference};
 
 /// One layer as the manifest describes it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -45,6 +45,10 @@ pub fn image_info(m: &ImageManifest) -> Vec<LayerDesc> {
         .collect()
 }
 
+/// Manifests kept in [`ImageCache`]; past this the cache starts over (a node that pulls
+/// thousands of composed images must not grow without bound; a miss costs one small GET).
+pub const IMAGE_CACHE_ENTRIES: usize = 1024;
+
 /// Image manifests' layer descriptions, by manifest digest.
 #[derive(Default)]
 pub struct ImageCache {
@@ -62,12 +66,13 @@ impl ImageCache {
         let r: Reference = reference.parse().map_err(|e| format!("{e}"))?;
         match manifest.and_then(|m| m.parse::<Digest>().ok()) {
             Some(md) => {
-                let cell = self
-                    .by_manifest
-                    .lock()
-                    .entry(md.to_string())
-                    .or_default()
-                    .clone();
+                let cell = {
+                    let mut map = self.by_manifest.lock();
+                    if map.len() >= IMAGE_CACHE_ENTRIES && !map.contains_key(md.as_str()) {
+                        map.clear();
+                    }
+                    map.entry(md.to_string()).or_default().clone()
+                };
                 cell.get_or_try_init(|| fetch(registry, r.with_digest(md)))
                     .await
                     .cloned()
@@ -78,16 +83,22 @@ impl ImageCache {
 }
 
 async fn fetch(registry: &Client, r: Reference) -> Result<ImageInfo, String> {
-    let (os, arch) = weenv_registry::manifest::host_platform();
     let blob = registry.get_manifest(&r).await.map_err(|e| e.to_string())?;
     let m = match blob.parse().map_err(|e| e.to_string())? {
         Manifest::Image(m) => m,
-        Manifest::Index(_) => {
-            registry
-                .get_image_manifest(&r, os, arch, None)
+        Manifest::Index(ix) => {
+            // Pick this host's entry from the index already fetched; one more GET for it.
+            let (os, arch) = weenv_registry::manifest::host_platform();
+            let d = select_platform(&ix, os, arch, None)
+                .ok_or_else(|| format!("index {r} has no manifest for {os}/{arch}"))?;
+            let child = registry
+                .get_manifest(&r.with_digest(d.digest.clone()))
                 .await
-                .map_err(|e| e.to_string())?
-                .0
+                .map_err(|e| e.to_string())?;
+            match child.parse().map_err(|e| e.to_string())? {
+                Manifest::Image(m) => m,
+                Manifest::Index(_) => return Err(format!("index {r}: nested index")),
+            }
         }
     };
     Ok(Arc::new(image_info(&m)))

@@ -41,7 +41,7 @@ struct Inner {
     registry: Client,
     tocs: TocCache,
     images: ImageCache,
-    /// Per layer digest: held while the layer is detected/exposed.
+    /// Per layer digest: held while the layer is detected/exposed (entry dropped after).
     locks: Mutex<HashMap<Digest, Arc<tokio::sync::Mutex<()>>>>,
     /// Manifests whose warm-up was started.
     warmed: Mutex<HashSet<String>>,
@@ -95,6 +95,15 @@ impl Inner {
 
     fn lock_for(&self, d: &Digest) -> Arc<tokio::sync::Mutex<()>> {
         self.locks.lock().entry(d.clone()).or_default().clone()
+    }
+
+    /// Drops the lock entry of `d` when nobody else holds or waits for it.
+    fn unlock(&self, d: &Digest, lock: Arc<tokio::sync::Mutex<()>>) {
+        let mut locks = self.locks.lock();
+        // Ours and the map's: no other task has it.
+        if Arc::strong_count(&lock) == 2 {
+            locks.remove(d);
+        }
     }
 
     fn expose(
@@ -180,7 +189,20 @@ impl Inner {
         desc: Option<&LayerDesc>,
     ) -> Result<Option<MountedLayer>, RemoteError> {
         let lock = self.lock_for(d);
-        let _held = lock.lock().await;
+        let res = {
+            let _held = lock.lock().await;
+            self.mount_locked(reference, d, desc).await
+        };
+        self.unlock(d, lock);
+        res
+    }
+
+    async fn mount_locked(
+        &self,
+        reference: &str,
+        d: &Digest,
+        desc: Option<&LayerDesc>,
+    ) -> Result<Option<MountedLayer>, RemoteError> {
         match self.store.layer(d.as_str()).map_err(|e| store_err(d, e))? {
             Some(LayerRecord {
                 kind: LayerKind::NotWeenv,
@@ -277,8 +299,14 @@ impl Inner {
 
     /// Exposes every weenv layer of the image and starts their prefetch (once per manifest).
     async fn warm_up(self: Arc<Self>, reference: String, manifest: String, info: ImageInfo) {
-        if !self.warmed.lock().insert(manifest) {
-            return;
+        {
+            let mut warmed = self.warmed.lock();
+            if warmed.len() >= super::image::IMAGE_CACHE_ENTRIES {
+                warmed.clear(); // bounded; warming an image again only finds its layers there
+            }
+            if !warmed.insert(manifest) {
+                return;
+            }
         }
         let jobs = info.iter().filter(|l| l.hint.is_some()).map(|l| {
             let (me, reference) = (self.clone(), reference.clone());
