@@ -14,7 +14,7 @@ use std::sync::Arc;
 use tokio::sync::OnceCell;
 use weenv_format::prefetch::ANNOTATION_PREFETCH;
 use weenv_format::{Digest, TocHint};
-use weenv_registry::{select_platform, Client, ImageManifest, Manifest, Reference};
+use weenv_registry::{Client, ImageManifest, Reference};
 
 /// One layer as the manifest describes it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -83,24 +83,12 @@ impl ImageCache {
 }
 
 async fn fetch(registry: &Client, r: Reference) -> Result<ImageInfo, String> {
-    let blob = registry.get_manifest(&r).await.map_err(|e| e.to_string())?;
-    let m = match blob.parse().map_err(|e| e.to_string())? {
-        Manifest::Image(m) => m,
-        Manifest::Index(ix) => {
-            // Pick this host's entry from the index already fetched; one more GET for it.
-            let (os, arch) = weenv_registry::manifest::host_platform();
-            let d = select_platform(&ix, os, arch, None)
-                .ok_or_else(|| format!("index {r} has no manifest for {os}/{arch}"))?;
-            let child = registry
-                .get_manifest(&r.with_digest(d.digest.clone()))
-                .await
-                .map_err(|e| e.to_string())?;
-            match child.parse().map_err(|e| e.to_string())? {
-                Manifest::Image(m) => m,
-                Manifest::Index(_) => return Err(format!("index {r}: nested index")),
-            }
-        }
-    };
+    // An index: this host's entry (one GET for the index, one for the entry).
+    let (os, arch) = weenv_registry::manifest::host_platform();
+    let (m, _) = registry
+        .get_image_manifest(&r, os, arch, None)
+        .await
+        .map_err(|e| e.to_string())?;
     Ok(Arc::new(image_info(&m)))
 }
 
