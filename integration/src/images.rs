@@ -181,21 +181,13 @@ pub fn python() -> Result<OciImage> {
                 parents: vec![],
                 include: vec!["./usr".into()],
             },
-            // python's standard library (with its parent directories)
-            LayerSpec {
-                exclude: vec![],
-                parents: vec!["./usr".into(), "./usr/lib".into()],
-                include: vec![format!("./{pylib}")],
-            },
+            stdlib_layer(&pylib),
         ];
-        let layout = dir.join("oci");
         let config = ImageConfigSpec {
             env: "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
             cmd: "python3",
         };
-        write_oci_layout(&root, &layers, &config, &layout, "python", dir)?;
-        remove_tree(&root)?;
-        Ok(layout)
+        python_layout(&root, &layers, &config, dir)
     })
 }
 
@@ -233,20 +225,13 @@ pub fn python_fast() -> Result<OciImage> {
                 parents: vec![],
                 include: vec![".".into()],
             },
-            LayerSpec {
-                exclude: vec![],
-                parents: vec!["./usr".into(), "./usr/lib".into()],
-                include: vec![format!("./{pylib}")],
-            },
+            stdlib_layer(&pylib),
         ];
-        let layout = dir.join("oci");
         let config = ImageConfigSpec {
             env: "PATH=/usr/bin:/bin",
             cmd: "python3",
         };
-        write_oci_layout(&root, &layers, &config, &layout, "python", dir)?;
-        remove_tree(&root)?;
-        Ok(layout)
+        python_layout(&root, &layers, &config, dir)
     })
 }
 
@@ -349,6 +334,28 @@ struct LayerSpec {
 struct ImageConfigSpec {
     env: &'static str,
     cmd: &'static str,
+}
+
+/// The layer holding python's standard library `pylib` (with its parent directories).
+fn stdlib_layer(pylib: &str) -> LayerSpec {
+    LayerSpec {
+        exclude: vec![],
+        parents: vec!["./usr".into(), "./usr/lib".into()],
+        include: vec![format!("./{pylib}")],
+    }
+}
+
+/// The python image's layout `dir/oci` (tag `python`) from `root`, which is removed after.
+fn python_layout(
+    root: &Path,
+    layers: &[LayerSpec],
+    config: &ImageConfigSpec,
+    dir: &Path,
+) -> Result<PathBuf> {
+    let layout = dir.join("oci");
+    write_oci_layout(root, layers, config, &layout, "python", dir)?;
+    remove_tree(root)?;
+    Ok(layout)
 }
 
 /// Writes an OCI layout with one gzip layer per spec (GNU tar, sorted names, numeric owners,
