@@ -437,6 +437,7 @@ mod tests {
         for (p, fs) in files {
             let e = Entry {
                 path: p.to_string(),
+                header: 0,
                 kind: EntryKind::File,
                 mode: 0o644,
                 uid: 0,

@@ -79,7 +79,7 @@ pub enum FormatError {
         found: u64,
         expected: u64,
     },
-    #[error("unsupported weenv format version {version} (this build reads version {supported})")]
+    #[error("unsupported weenv format version {version} (this build reads version {supported}){}", version_hint(*.version, *.supported))]
     UnsupportedVersion { version: u32, supported: u32 },
     #[error("blob truncated: {what} needs {needed} bytes but only {available} are available")]
     Truncated {
@@ -107,6 +107,25 @@ pub enum FormatError {
     FrameLayout { frame: u64, reason: String },
     #[error("TOC entry {path:?} is invalid: {reason}")]
     EntryLayout { path: String, reason: String },
+    #[error("TOC entry {path:?} does not match the tar stream: {field} is {toc} in the TOC but {tar} in the tar")]
+    TocMismatch {
+        path: String,
+        field: &'static str,
+        toc: String,
+        tar: String,
+    },
+    #[error("TOC does not match the tar stream: {what} is {toc} in the TOC but {tar} in the tar")]
+    StreamMismatch {
+        what: &'static str,
+        toc: String,
+        tar: String,
+    },
+    #[error("TOC {what} is {value}, over the limit of {limit}")]
+    TocLimit {
+        what: &'static str,
+        value: u64,
+        limit: u64,
+    },
 
     // ---- frames ----------------------------------------------------------------------------
     #[error("frame at blob offset {frame}: got {actual} compressed bytes, TOC says {expected}")]
@@ -130,6 +149,14 @@ pub enum FormatError {
     NoSuchEntry { path: String },
     #[error("entry {path:?} is not a regular file")]
     NotAFile { path: String },
+}
+
+fn version_hint(version: u32, supported: u32) -> &'static str {
+    if version < supported {
+        ": the layer was converted by an older weenv-convert; re-convert it"
+    } else {
+        ": the layer was converted by a newer weenv-convert; upgrade weenv"
+    }
 }
 
 impl FormatError {

@@ -164,6 +164,7 @@ mod tests {
         let mut t = toc(&[10, 10, 10]);
         let f = |path: &str, frame: u32| Entry {
             path: path.into(),
+            header: 0,
             kind: EntryKind::File,
             mode: 0o644,
             uid: 0,
@@ -198,6 +199,7 @@ mod tests {
     fn frames_for_file_range() {
         let mut e = Entry {
             path: "f".into(),
+            header: 0,
             kind: EntryKind::File,
             mode: 0o644,
             uid: 0,

@@ -13,7 +13,7 @@
 //! - [`frame`]: decompress and verify one frame.
 //! - [`fetch`]: pure planning of which blob ranges to fetch (coalescing).
 //! - [`prefetch`]: start-up prefetch profiles (manifest annotation, merged-view path resolution).
-//! - [`tar`]: our streaming tar parser; [`paths`]: path normalisation and namespace rules;
+//! - [`tar`]: our streaming tar parser; [`tarcheck`]: proof that a TOC equals its tar stream; [`paths`]: path normalisation and namespace rules;
 //!   `validate`: semantic TOC validation ([`Toc::validate`]).
 //!
 //! The byte layout, TOC schema and versioning are documented in `format/README.md`.
@@ -31,6 +31,7 @@ pub mod prefetch;
 pub mod range;
 pub mod reader;
 pub mod tar;
+pub mod tarcheck;
 pub mod toc;
 mod validate;
 pub mod writer;
@@ -42,7 +43,8 @@ pub use footer::{Footer, FOOTER_SIZE};
 pub use frame::decode_frame;
 pub use range::RangeRead;
 pub use reader::{LayerReader, TocHint, VerifyReport};
-pub use toc::{ChunkRef, Entry, EntryKind, Frame, FrameIdx, Toc};
+pub use tarcheck::{check_entry_header, StreamChecker, StreamReport};
+pub use toc::{ChunkRef, Entry, EntryKind, Frame, FrameIdx, Toc, TocLimits};
 pub use writer::{descriptor_annotations, write_layer, LayerSummary, WriterOptions};
 
 /// Layer media type of a weenv layer (it is an ordinary zstd layer).
@@ -56,4 +58,4 @@ pub const ANNOTATION_TOC_LENGTH: &str = "io.weenv.toc.length";
 /// Descriptor annotation: format version.
 pub const ANNOTATION_FORMAT_VERSION: &str = "io.weenv.format.version";
 /// Current format version.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;

@@ -13,8 +13,23 @@ use crate::toc::{Entry, EntryKind};
 use crate::FormatError;
 use std::collections::{BTreeMap, HashMap, HashSet};
 
+/// Longest path component (Linux NAME_MAX). Stock containerd fails to unpack longer names, so
+/// weenv neither converts nor serves them.
+pub const MAX_NAME: usize = 255;
+
+fn check_component(path: &str, comp: &str) -> Result<(), FormatError> {
+    if comp.len() > MAX_NAME {
+        return Err(FormatError::InvalidPath {
+            path: path.into(),
+            reason: "a path component is longer than 255 bytes (NAME_MAX); containerd cannot unpack it either",
+        });
+    }
+    Ok(())
+}
+
 /// Normalise a raw tar path: `./a//b/` -> `a/b`; `.`/`./` -> `""`.
-/// Rejects absolute paths, `..` components, NUL bytes and non-UTF-8.
+/// Rejects absolute paths, `..` components, components over [`MAX_NAME`] bytes, NUL bytes and
+/// non-UTF-8.
 pub fn normalise(raw: &[u8]) -> Result<String, FormatError> {
     let s = std::str::from_utf8(raw).map_err(|_| FormatError::InvalidPath {
         path: String::from_utf8_lossy(raw).into_owned(),
@@ -41,6 +56,7 @@ pub fn normalise(raw: &[u8]) -> Result<String, FormatError> {
             "" | "." => continue,
             ".." => return Err(FormatError::DotDotPath { path: s.into() }),
             c => {
+                check_component(s, c)?;
                 if !out.is_empty() {
                     out.push('/');
                 }
@@ -84,7 +100,7 @@ pub fn check_normal(path: &str) -> Result<(), FormatError> {
                     reason: "not normalised (empty or '.' component, or trailing '/')",
                 })
             }
-            _ => {}
+            c => check_component(path, c)?,
         }
     }
     Ok(())
@@ -304,6 +320,10 @@ mod tests {
         assert!(check_normal("a/").is_err());
         assert!(check_normal("./a").is_err());
         assert!(check_normal("a//b").is_err());
+        let long = "x".repeat(256);
+        assert!(check_normal(&"x".repeat(255)).is_ok());
+        assert!(check_normal(&format!("a/{long}/b")).is_err());
+        assert!(normalise(format!("./{long}").as_bytes()).is_err());
         assert!(matches!(
             check_normal("/a"),
             Err(FormatError::AbsolutePath { .. })

@@ -474,6 +474,7 @@ mod tests {
                 .iter()
                 .map(|(p, k, l, fr)| Entry {
                     path: p.to_string(),
+                    header: 0,
                     kind: *k,
                     mode: 0o644,
                     uid: 0,

@@ -8,17 +8,21 @@
 //!
 //! Supported: typeflags `0`/`\0`/`7` (file; `\0` with a trailing `/` is a V7 directory), `1`
 //! hardlink, `2` symlink, `3`/`4` char/block device, `5` dir, `6` fifo; GNU `L` longname and
-//! `K` longlink; PAX `x` (per entry) and `g` (global, applied to all later entries) with keys
-//! `path`, `linkpath`, `size`, `uid`, `gid`, `mtime` (fractional) and `SCHILY.xattr.*` (other
-//! keys are ignored); octal and base-256 numeric fields; both unsigned and signed header
-//! checksums. Rejected with typed errors: bad checksums, GNU sparse (`S` or `GNU.sparse.*`),
-//! other typeflags, payloads on non-file entries, extension headers larger than
-//! [`MAX_EXTENSION_SIZE`], plus every path rule in [`crate::paths`].
+//! `K` longlink; PAX `x` (per entry) with keys `path`, `linkpath`, `size`, `uid`, `gid`, `mtime`
+//! (fractional) and `SCHILY.xattr.*` (other keys are ignored); octal and base-256 numeric
+//! fields; both unsigned and signed header checksums. PAX `g` (global) headers are skipped, as
+//! containerd skips them, so the TOC shows what a stock unpack shows. Rejected with typed
+//! errors: bad checksums, GNU sparse (`S` or `GNU.sparse.*`), other typeflags, payloads on
+//! non-file entries, extension headers larger than [`MAX_EXTENSION_SIZE`], a second `x`, `L` or
+//! `K` header for the same entry (Go keeps the last, the tar crate refuses: ambiguous), a `g`
+//! header between an entry's extension headers and the entry, plus every path rule in
+//! [`crate::paths`]. So an entry's header blocks span at most [`crate::tarcheck::MAX_HEADER_SPAN`].
 //!
 //! Precedence for names (as Go's archive/tar, which containerd uses): GNU `L`/`K` > PAX `x` >
-//! PAX `g` > header field. Divergence from Go: Go ignores `g` headers; we apply them (POSIX).
-//! The first all-zero block ends the archive; a non-zero block right after it is rejected (as Go
-//! does); everything after the second block is trailer (kept, not parsed).
+//! header field. The first all-zero block ends the archive; a non-zero block right after it is
+//! rejected (as Go does); everything after the second block is trailer (kept, not parsed).
+//!
+//! [`TarParser`] is push style (fed pieces of any size); [`walk`] drives it from a reader.
 
 use crate::paths::{self, Admit, Namespace};
 use crate::toc::{Entry, EntryKind};
@@ -288,30 +292,11 @@ impl Pax {
         }
         Ok(())
     }
-
-    fn merged(global: &Pax, local: Option<&Pax>) -> Pax {
-        let Some(l) = local else {
-            return global.clone();
-        };
-        let mut xattrs = global.xattrs.clone();
-        xattrs.extend(l.xattrs.iter().map(|(k, v)| (k.clone(), v.clone())));
-        Pax {
-            path: l.path.clone().or_else(|| global.path.clone()),
-            linkpath: l.linkpath.clone().or_else(|| global.linkpath.clone()),
-            size: l.size.or(global.size),
-            uid: l.uid.or(global.uid),
-            gid: l.gid.or(global.gid),
-            mtime: l.mtime.or(global.mtime),
-            xattrs,
-            sparse: l.sparse || global.sparse,
-        }
-    }
 }
 
-/// Extension state between headers.
+/// Extension state between headers (PAX `x`, GNU `L`/`K`: at most one of each per entry).
 #[derive(Default)]
 struct Pending {
-    global: Pax,
     local: Option<Pax>,
     long_name: Option<Vec<u8>>,
     long_link: Option<Vec<u8>>,
@@ -334,7 +319,8 @@ fn u32_field(path: &str, field: &'static str, v: u64) -> Result<u32, FormatError
 impl Pending {
     /// Build the entry for `h` and reset per-entry state. Returns the entry and its payload size.
     fn finish(&mut self, h: &Header, offset: u64) -> Result<(Entry, u64), FormatError> {
-        let pax = Pax::merged(&self.global, self.local.as_ref());
+        let pax = self.local.take().unwrap_or_default();
+        let header = self.since.unwrap_or(offset);
         let raw_name = self
             .long_name
             .take()
@@ -345,7 +331,6 @@ impl Pending {
             .take()
             .or_else(|| pax.linkpath.clone())
             .unwrap_or_else(|| h.linkname.clone());
-        self.local = None;
         self.since = None;
         let display = lossy(&raw_name);
         let kind = match h.typeflag {
@@ -407,6 +392,7 @@ impl Pending {
                 0
             },
             path,
+            header,
             kind,
             mode: h.mode,
             mtime,
@@ -433,86 +419,219 @@ pub fn pax_record(key: &str, value: &[u8]) -> Vec<u8> {
     out
 }
 
-/// Read until `buf` is full or EOF; returns the number of bytes read.
-fn read_full<R: Read>(r: &mut R, buf: &mut [u8]) -> Result<usize, FormatError> {
-    let mut n = 0;
-    while n < buf.len() {
-        match r.read(&mut buf[n..]) {
-            Ok(0) => break,
-            Ok(k) => n += k,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(FormatError::io("reading the tar stream", e)),
-        }
-    }
-    Ok(n)
-}
-
-fn read_exact_at<R: Read>(
-    r: &mut R,
-    buf: &mut [u8],
-    offset: u64,
-    what: &'static str,
-) -> Result<(), FormatError> {
-    let n = read_full(r, buf)?;
-    if n < buf.len() {
-        return Err(FormatError::TruncatedTar {
-            offset: offset + n as u64,
-            what,
-        });
-    }
-    Ok(())
-}
-
 fn padding(size: u64) -> usize {
     ((BLOCK as u64 - size % BLOCK as u64) % BLOCK as u64) as usize
 }
 
-/// Parse the whole stream, reporting to `sink`. Returns the number of input bytes.
-pub fn walk<R: Read, S: TarSink>(mut input: R, sink: &mut S) -> Result<u64, FormatError> {
-    let mut offset: u64 = 0;
-    let mut pending = Pending::default();
-    let mut names = Namespace::new();
-    let mut block = [0u8; BLOCK];
-    let mut piece = vec![0u8; PIECE];
-    loop {
-        let n = read_full(&mut input, &mut block)?;
-        if n == 0 {
-            // EOF on a block boundary without end-of-archive blocks: accepted (Go does too).
-            if let Some(at) = pending.since {
-                return Err(FormatError::DanglingExtension { offset: at });
-            }
-            return Ok(offset);
+/// Where [`TarParser`] is in the stream.
+#[derive(Debug)]
+enum State {
+    /// Collecting a header block in `buf`.
+    Header,
+    /// Collecting an extension payload (`padded` bytes, `size` of them data) in `buf`.
+    Extension {
+        here: u64,
+        typeflag: u8,
+        size: usize,
+        padded: usize,
+    },
+    /// File payload still to pass through, then `pad` bytes of padding.
+    Payload { left: u64, pad: usize },
+    /// Padding bytes still to pass through.
+    Padding { left: usize },
+    /// After the first zero block: collecting the second one (must be zero too if complete).
+    EndSecond,
+    /// After the end of the archive: everything is trailer, kept verbatim.
+    Trailer,
+    /// An error was returned; the parser refuses further input.
+    Failed,
+}
+
+/// The tar parser, push style: feed it the stream in pieces of any size with
+/// [`TarParser::push`], then call [`TarParser::finish`]. [`walk`] drives it from a reader; the
+/// TOC checks in [`crate::tarcheck`] drive it from frames. Every byte is reported to the sink
+/// exactly once, in order (see the module docs).
+pub struct TarParser {
+    offset: u64,
+    pending: Pending,
+    /// `None`: isolated mode (one entry parsed on its own: no namespace rules, hardlinks keep
+    /// their literal, normalised target).
+    names: Option<Namespace>,
+    state: State,
+    buf: Vec<u8>,
+}
+
+impl Default for TarParser {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl TarParser {
+    /// A parser for a whole stream starting at offset 0, with the namespace rules.
+    pub fn new() -> Self {
+        TarParser {
+            offset: 0,
+            pending: Pending::default(),
+            names: Some(Namespace::new()),
+            state: State::Header,
+            buf: Vec::with_capacity(BLOCK),
         }
-        if n < BLOCK {
-            return Err(FormatError::TruncatedTar {
-                offset: offset + n as u64,
-                what: "a header block",
+    }
+
+    /// A parser for bytes that start at stream offset `offset` on a header boundary, without
+    /// the namespace rules (the entries before it are not seen): used to parse one entry's
+    /// header blocks on their own.
+    pub fn isolated_at(offset: u64) -> Self {
+        TarParser {
+            offset,
+            names: None,
+            ..Self::new()
+        }
+    }
+
+    /// Stream offset of the next byte to be pushed.
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+
+    /// True once the end-of-archive zero block was seen.
+    pub fn at_end(&self) -> bool {
+        matches!(self.state, State::EndSecond | State::Trailer)
+    }
+
+    /// Feed the next bytes of the stream.
+    pub fn push<S: TarSink>(&mut self, mut data: &[u8], sink: &mut S) -> Result<(), FormatError> {
+        while !data.is_empty() {
+            let (used, _) = self.advance(data, sink)?;
+            data = &data[used..];
+        }
+        Ok(())
+    }
+
+    /// Feed bytes but stop right after the next entry was reported (before its payload).
+    /// Returns the bytes consumed and whether an entry was reported.
+    pub fn push_until_entry<S: TarSink>(
+        &mut self,
+        data: &[u8],
+        sink: &mut S,
+    ) -> Result<(usize, bool), FormatError> {
+        self.advance(data, sink)
+    }
+
+    fn advance<S: TarSink>(
+        &mut self,
+        data: &[u8],
+        sink: &mut S,
+    ) -> Result<(usize, bool), FormatError> {
+        if matches!(self.state, State::Failed) {
+            return Err(FormatError::InvalidOption {
+                field: "tar parser",
+                reason: "used again after it returned an error".into(),
             });
         }
-        let here = offset;
-        offset += BLOCK as u64;
+        let r = self.advance_inner(data, sink);
+        if r.is_err() {
+            self.state = State::Failed;
+        }
+        r
+    }
+
+    fn advance_inner<S: TarSink>(
+        &mut self,
+        data: &[u8],
+        sink: &mut S,
+    ) -> Result<(usize, bool), FormatError> {
+        let mut used = 0;
+        while used < data.len() {
+            let rest = &data[used..];
+            match self.state {
+                State::Header => {
+                    let take = (BLOCK - self.buf.len()).min(rest.len());
+                    self.buf.extend_from_slice(&rest[..take]);
+                    used += take;
+                    if self.buf.len() == BLOCK && self.header_block(sink)? {
+                        return Ok((used, true));
+                    }
+                }
+                State::Extension {
+                    here,
+                    typeflag,
+                    size,
+                    padded,
+                } => {
+                    let take = (padded - self.buf.len()).min(rest.len());
+                    self.buf.extend_from_slice(&rest[..take]);
+                    used += take;
+                    if self.buf.len() == padded {
+                        self.extension(here, typeflag, size, sink)?;
+                    }
+                }
+                State::Payload { left, pad } => {
+                    let k = left.min(rest.len() as u64) as usize;
+                    sink.payload(&rest[..k])?;
+                    used += k;
+                    self.offset += k as u64;
+                    self.state = Self::after_payload(left - k as u64, pad);
+                }
+                State::Padding { left } => {
+                    let k = left.min(rest.len());
+                    sink.meta(&rest[..k])?;
+                    used += k;
+                    self.offset += k as u64;
+                    self.state = Self::after_payload(0, left - k);
+                }
+                State::EndSecond => {
+                    let take = (BLOCK - self.buf.len()).min(rest.len());
+                    self.buf.extend_from_slice(&rest[..take]);
+                    used += take;
+                    if self.buf.len() == BLOCK {
+                        // Like Go's archive/tar (containerd), a zero block followed by a
+                        // non-zero block is an error (e.g. concatenated archives).
+                        if !is_zero_block(&self.buf) {
+                            return Err(FormatError::DataAfterEnd {
+                                offset: self.offset,
+                            });
+                        }
+                        sink.meta(&self.buf)?;
+                        self.offset += BLOCK as u64;
+                        self.buf.clear();
+                        self.state = State::Trailer;
+                    }
+                }
+                State::Trailer => {
+                    sink.meta(rest)?;
+                    used += rest.len();
+                    self.offset += rest.len() as u64;
+                }
+                State::Failed => unreachable_failed()?,
+            }
+        }
+        Ok((used, false))
+    }
+
+    fn after_payload(left: u64, pad: usize) -> State {
+        match (left, pad) {
+            (0, 0) => State::Header,
+            (0, pad) => State::Padding { left: pad },
+            (left, pad) => State::Payload { left, pad },
+        }
+    }
+
+    /// A complete header block is in `buf`. Returns true if it reported an entry.
+    fn header_block<S: TarSink>(&mut self, sink: &mut S) -> Result<bool, FormatError> {
+        let mut block = [0u8; BLOCK];
+        block.copy_from_slice(&self.buf);
+        self.buf.clear();
+        let here = self.offset;
+        self.offset += BLOCK as u64;
         sink.meta(&block)?;
         if is_zero_block(&block) {
-            if let Some(at) = pending.since {
+            if let Some(at) = self.pending.since {
                 return Err(FormatError::DanglingExtension { offset: at });
             }
-            // End of archive. Like Go's archive/tar (containerd), a zero block followed by a
-            // non-zero block is an error (e.g. concatenated archives), so both unpackers agree.
-            let k = read_full(&mut input, &mut block)?;
-            if k == BLOCK && !is_zero_block(&block) {
-                return Err(FormatError::DataAfterEnd { offset });
-            }
-            offset += k as u64;
-            sink.meta(&block[..k])?;
-            // The rest (record padding, anything) is trailer, kept verbatim.
-            loop {
-                let k = read_full(&mut input, &mut piece)?;
-                if k == 0 {
-                    return Ok(offset);
-                }
-                offset += k as u64;
-                sink.meta(&piece[..k])?;
-            }
+            self.state = State::EndSecond;
+            return Ok(false);
         }
         let h = parse_header(&block, here)?;
         match h.typeflag {
@@ -524,50 +643,157 @@ pub fn walk<R: Read, S: TarSink>(mut input: R, sink: &mut S) -> Result<u64, Form
                         limit: MAX_EXTENSION_SIZE,
                     });
                 }
-                let padded = h.size as usize + padding(h.size);
-                let mut data = vec![0u8; padded];
-                read_exact_at(&mut input, &mut data, offset, "an extension header")?;
-                offset += padded as u64;
-                sink.meta(&data)?;
-                let data = &data[..h.size as usize];
-                match h.typeflag {
-                    b'x' => pending
-                        .local
-                        .get_or_insert_with(Pax::default)
-                        .apply(data, here)?,
-                    b'g' => pending.global.apply(data, here)?,
-                    b'L' => pending.long_name = Some(cstr(data).to_vec()),
-                    _ => pending.long_link = Some(cstr(data).to_vec()),
+                let size = h.size as usize;
+                let padded = size + padding(h.size);
+                self.state = State::Extension {
+                    here,
+                    typeflag: h.typeflag,
+                    size,
+                    padded,
+                };
+                if padded == 0 {
+                    self.extension(here, h.typeflag, 0, sink)?;
                 }
-                if h.typeflag != b'g' {
-                    pending.since.get_or_insert(here);
-                }
+                Ok(false)
             }
             _ => {
-                let (mut entry, size) = pending.finish(&h, here)?;
-                let (admit, resolved) = names.admit(&entry)?;
-                if admit == Admit::New {
-                    if resolved.is_some() {
-                        entry.link = resolved;
+                let (mut entry, size) = self.pending.finish(&h, here)?;
+                let report = match &mut self.names {
+                    Some(names) => {
+                        let (admit, resolved) = names.admit(&entry)?;
+                        if resolved.is_some() {
+                            entry.link = resolved;
+                        }
+                        admit == Admit::New
                     }
+                    None => true,
+                };
+                if report {
                     sink.entry(entry)?;
                 }
-                let mut left = size;
-                while left > 0 {
-                    let k = left.min(PIECE as u64) as usize;
-                    read_exact_at(&mut input, &mut piece[..k], offset, "a file payload")?;
-                    offset += k as u64;
-                    left -= k as u64;
-                    sink.payload(&piece[..k])?;
-                }
-                let pad = padding(size);
-                if pad > 0 {
-                    read_exact_at(&mut input, &mut block[..pad], offset, "payload padding")?;
-                    offset += pad as u64;
-                    sink.meta(&block[..pad])?;
-                }
+                self.state = Self::after_payload(size, padding(size));
+                Ok(report)
             }
         }
+    }
+
+    /// A complete extension payload (padded) is in `buf`.
+    fn extension<S: TarSink>(
+        &mut self,
+        here: u64,
+        typeflag: u8,
+        size: usize,
+        sink: &mut S,
+    ) -> Result<(), FormatError> {
+        let data = std::mem::take(&mut self.buf);
+        self.offset += data.len() as u64;
+        sink.meta(&data)?;
+        let body = &data[..size];
+        let twice = |what: &str| {
+            FormatError::PaxRecord {
+            offset: here,
+            reason: format!("a second {what} for the same entry (Go's archive/tar and the tar crate disagree on which one wins)"),
+        }
+        };
+        let p = &mut self.pending;
+        match typeflag {
+            b'x' => {
+                if p.local.is_some() {
+                    return Err(twice("PAX extended header"));
+                }
+                let mut pax = Pax::default();
+                pax.apply(body, here)?;
+                p.local = Some(pax);
+            }
+            b'g' => {
+                // Global headers are ignored, as containerd does (Go's archive/tar returns them
+                // as entries and containerd skips them), so both unpackers see the same files.
+                if let Some(at) = p.since {
+                    return Err(FormatError::PaxRecord {
+                        offset: here,
+                        reason: format!("a global header interrupts the extension headers started at offset {at}"),
+                    });
+                }
+            }
+            b'L' => {
+                if p.long_name.is_some() {
+                    return Err(twice("GNU long name"));
+                }
+                p.long_name = Some(cstr(body).to_vec());
+            }
+            _ => {
+                if p.long_link.is_some() {
+                    return Err(twice("GNU long link name"));
+                }
+                p.long_link = Some(cstr(body).to_vec());
+            }
+        }
+        if typeflag != b'g' {
+            p.since.get_or_insert(here);
+        }
+        self.buf = data;
+        self.buf.clear();
+        self.state = State::Header;
+        Ok(())
+    }
+
+    /// The input ended: check it ended at a sensible place. Returns the stream length.
+    pub fn finish<S: TarSink>(&mut self, sink: &mut S) -> Result<u64, FormatError> {
+        let truncated =
+            |offset: u64, what: &'static str| FormatError::TruncatedTar { offset, what };
+        match self.state {
+            State::Header if self.buf.is_empty() => {
+                // EOF on a block boundary without end-of-archive blocks: accepted (Go does too).
+                if let Some(at) = self.pending.since {
+                    return Err(FormatError::DanglingExtension { offset: at });
+                }
+                Ok(self.offset)
+            }
+            State::Header => Err(truncated(
+                self.offset + self.buf.len() as u64,
+                "a header block",
+            )),
+            State::Extension { .. } => Err(truncated(
+                self.offset + self.buf.len() as u64,
+                "an extension header",
+            )),
+            State::Payload { .. } => Err(truncated(self.offset, "a file payload")),
+            State::Padding { .. } => Err(truncated(self.offset, "payload padding")),
+            State::EndSecond => {
+                // A short second end block is trailer.
+                let rest = std::mem::take(&mut self.buf);
+                sink.meta(&rest)?;
+                self.offset += rest.len() as u64;
+                self.state = State::Trailer;
+                Ok(self.offset)
+            }
+            State::Trailer => Ok(self.offset),
+            State::Failed => unreachable_failed().map(|()| self.offset),
+        }
+    }
+}
+
+fn unreachable_failed() -> Result<(), FormatError> {
+    Err(FormatError::InvalidOption {
+        field: "tar parser",
+        reason: "used again after it returned an error".into(),
+    })
+}
+
+/// Parse the whole stream, reporting to `sink`. Returns the number of input bytes.
+pub fn walk<R: Read, S: TarSink>(mut input: R, sink: &mut S) -> Result<u64, FormatError> {
+    let mut parser = TarParser::new();
+    let mut piece = vec![0u8; PIECE];
+    loop {
+        let n = match input.read(&mut piece) {
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(FormatError::io("reading the tar stream", e)),
+        };
+        if n == 0 {
+            return parser.finish(sink);
+        }
+        parser.push(&piece[..n], sink)?;
     }
 }
 

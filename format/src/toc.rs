@@ -1,9 +1,9 @@
 //! TOC types (contract shared with snapshotter/ and converter/), their wire encoding and lookups.
 //!
-//! Wire encoding (version 1): the [`Toc`] serialised as JSON (serde, field names as below; empty
+//! Wire encoding (version 2): the [`Toc`] serialised as JSON (serde, field names as below; empty
 //! and zero-valued optional fields omitted; xattr values base64) and compressed as one zstd
-//! frame. The decoder bounds the decompressed size ([`MAX_TOC_DECODED`]) and then runs
-//! [`Toc::validate`] (see `validate.rs`).
+//! frame. The decoder bounds the decompressed size and the entry count ([`TocLimits`]) while it
+//! decodes; readers then run [`Toc::validate`] (see `validate.rs`).
 
 use crate::{Digest, FormatError, FORMAT_VERSION};
 use serde::{Deserialize, Serialize};
@@ -14,8 +14,31 @@ use std::io::Read;
 pub const MAX_TOC_COMPRESSED: u64 = 64 << 20;
 /// Largest decompressed TOC a reader accepts (bytes).
 pub const MAX_TOC_DECODED: u64 = 256 << 20;
+/// Largest number of entries a TOC may list by default ([`TocLimits::default`]); the writer
+/// refuses to produce more.
+pub const DEFAULT_MAX_ENTRIES: u64 = 1 << 20;
 /// zstd level used for the TOC itself.
 pub const TOC_ZSTD_LEVEL: i32 = 9;
+
+/// Bounds applied while decoding a TOC ([`Toc::decode_with_limits`]), so a hostile TOC is
+/// refused before it is allocated: the entry count is enforced while the JSON is parsed, the
+/// decoded size while it is decompressed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TocLimits {
+    /// Most entries accepted.
+    pub max_entries: u64,
+    /// Most decompressed (JSON) bytes accepted.
+    pub max_decoded_bytes: u64,
+}
+
+impl Default for TocLimits {
+    fn default() -> Self {
+        TocLimits {
+            max_entries: DEFAULT_MAX_ENTRIES,
+            max_decoded_bytes: MAX_TOC_DECODED,
+        }
+    }
+}
 
 /// Index of a frame in [`Toc::frames`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -74,6 +97,9 @@ pub struct Entry {
     /// Normalised relative path: no leading `/` or `./`, no `..`, no empty components, no
     /// trailing `/`. The layer root directory (`./` in the tar) is `""`.
     pub path: String,
+    /// Offset in the uncompressed tar stream of this entry's first header block (its PAX/GNU
+    /// extension headers included). Required since format version 2.
+    pub header: u64,
     pub kind: EntryKind,
     /// Permission bits including setuid/setgid/sticky (no file-type bits).
     pub mode: u32,
@@ -184,6 +210,38 @@ impl Toc {
         self.frames.get(idx.0 as usize)
     }
 
+    /// Offset in the uncompressed tar stream where frame `idx` starts (frames tile the
+    /// stream in order). O(frames); use [`Toc::stream_offsets`] for many lookups.
+    pub fn stream_offset(&self, idx: FrameIdx) -> Option<u64> {
+        let i = idx.0 as usize;
+        (i < self.frames.len()).then(|| {
+            self.frames[..i]
+                .iter()
+                .fold(0u64, |a, f| a.saturating_add(f.ulen))
+        })
+    }
+
+    /// Stream offset of every frame (index = frame index), plus the stream length at the end.
+    pub fn stream_offsets(&self) -> Vec<u64> {
+        let mut out = Vec::with_capacity(self.frames.len() + 1);
+        let mut at = 0u64;
+        out.push(0);
+        for f in &self.frames {
+            at = at.saturating_add(f.ulen);
+            out.push(at);
+        }
+        out
+    }
+
+    /// Stream offset where `entry`'s payload starts, from its first chunk (`None` for
+    /// entries without chunks or a chunk naming a missing frame).
+    pub fn data_start(&self, entry: &Entry) -> Option<u64> {
+        let c = entry.chunks.first()?;
+        self.stream_offset(c.frame)?
+            .checked_add(c.frame_offset)?
+            .checked_sub(c.file_offset)
+    }
+
     /// Total uncompressed size (the tar stream length).
     pub fn uncompressed_size(&self) -> u64 {
         self.frames.iter().map(|f| f.ulen).sum()
@@ -191,6 +249,14 @@ impl Toc {
 
     /// Wire encoding: zstd-compressed JSON (deterministic).
     pub fn encode(&self) -> Result<Vec<u8>, FormatError> {
+        if self.entries.len() as u64 > DEFAULT_MAX_ENTRIES {
+            // Readers with default limits would refuse it; fail at write time instead.
+            return Err(FormatError::TocLimit {
+                what: "entry count",
+                value: self.entries.len() as u64,
+                limit: DEFAULT_MAX_ENTRIES,
+            });
+        }
         let json = serde_json::to_vec(self).map_err(|e| FormatError::TocDecode {
             reason: format!("serialising TOC: {e}"),
         })?;
@@ -206,36 +272,168 @@ impl Toc {
             .map_err(|e| FormatError::io("compressing the TOC", e))
     }
 
-    /// Decode the wire encoding, bounded by [`MAX_TOC_DECODED`]. Does NOT validate; readers
+    /// Decode the wire encoding with the default [`TocLimits`]. Does NOT validate; readers
     /// call [`Toc::validate`] next.
     pub fn decode(bytes: &[u8]) -> Result<Toc, FormatError> {
+        Self::decode_with_limits(bytes, &TocLimits::default())
+    }
+
+    /// Decode the wire encoding within `limits`: decompression stops one byte past
+    /// `max_decoded_bytes`, and the entry list stops one entry past `max_entries` (a TOC
+    /// listing millions of entries is refused after `max_entries + 1` of them were parsed).
+    /// A TOC of another format version is refused before its entries are parsed. Does NOT
+    /// validate; readers call [`Toc::validate`] next.
+    pub fn decode_with_limits(bytes: &[u8], limits: &TocLimits) -> Result<Toc, FormatError> {
         let mut dec = zstd::stream::read::Decoder::new(bytes)
             .map_err(|e| FormatError::io("initialising the TOC decoder", e))?
             .single_frame();
         let mut json = Vec::new();
         (&mut dec)
-            .take(MAX_TOC_DECODED + 1)
+            .take(limits.max_decoded_bytes.saturating_add(1))
             .read_to_end(&mut json)
             .map_err(|e| FormatError::TocDecode {
                 reason: format!("zstd: {e}"),
             })?;
-        if json.len() as u64 > MAX_TOC_DECODED {
-            return Err(FormatError::AbsurdSize {
-                what: "decompressed TOC size",
+        if json.len() as u64 > limits.max_decoded_bytes {
+            return Err(FormatError::TocLimit {
+                what: "decoded size (bytes)",
                 value: json.len() as u64,
-                limit: MAX_TOC_DECODED,
+                limit: limits.max_decoded_bytes,
             });
         }
-        let toc: Toc = serde_json::from_slice(&json).map_err(|e| FormatError::TocDecode {
-            reason: format!("JSON: {e}"),
-        })?;
-        if toc.version != FORMAT_VERSION {
-            return Err(FormatError::UnsupportedVersion {
-                version: toc.version,
+        let stop = std::cell::Cell::new(None);
+        let seed = limited::TocSeed {
+            max_entries: limits.max_entries,
+            stop: &stop,
+        };
+        let mut de = serde_json::Deserializer::from_slice(&json);
+        let parsed = serde::de::DeserializeSeed::deserialize(seed, &mut de).and_then(|toc| {
+            de.end()?;
+            Ok(toc)
+        });
+        match (parsed, stop.get()) {
+            (_, Some(limited::Stop::Version(version))) => Err(FormatError::UnsupportedVersion {
+                version,
                 supported: FORMAT_VERSION,
-            });
+            }),
+            (_, Some(limited::Stop::Entries(value))) => Err(FormatError::TocLimit {
+                what: "entry count",
+                value,
+                limit: limits.max_entries,
+            }),
+            (Ok(toc), None) => Ok(toc),
+            (Err(e), None) => {
+                // An old TOC whose version comes after its entries fails on a missing field;
+                // name the version instead.
+                #[derive(Deserialize)]
+                struct VersionOnly {
+                    version: u32,
+                }
+                match serde_json::from_slice::<VersionOnly>(&json) {
+                    Ok(v) if v.version != FORMAT_VERSION => Err(FormatError::UnsupportedVersion {
+                        version: v.version,
+                        supported: FORMAT_VERSION,
+                    }),
+                    _ => Err(FormatError::TocDecode {
+                        reason: format!("JSON: {e}"),
+                    }),
+                }
+            }
         }
-        Ok(toc)
+    }
+}
+
+/// Deserialisation of a [`Toc`] that stops early (entry count, version).
+mod limited {
+    use super::{Entry, Frame, Toc, FORMAT_VERSION};
+    use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
+    use std::cell::Cell;
+    use std::fmt;
+
+    #[derive(Clone, Copy, Debug)]
+    pub(super) enum Stop {
+        Version(u32),
+        /// Entries parsed when the limit was crossed.
+        Entries(u64),
+    }
+
+    pub(super) struct TocSeed<'a> {
+        pub max_entries: u64,
+        pub stop: &'a Cell<Option<Stop>>,
+    }
+
+    struct EntriesSeed<'a> {
+        max_entries: u64,
+        stop: &'a Cell<Option<Stop>>,
+    }
+
+    impl<'de> DeserializeSeed<'de> for TocSeed<'_> {
+        type Value = Toc;
+        fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<Toc, D::Error> {
+            d.deserialize_map(self)
+        }
+    }
+
+    impl<'de> Visitor<'de> for TocSeed<'_> {
+        type Value = Toc;
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str("a weenv TOC object")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Toc, A::Error> {
+            let (mut version, mut frames, mut entries) = (None, None, None);
+            while let Some(key) = map.next_key::<String>()? {
+                match key.as_str() {
+                    "version" => {
+                        let v: u32 = map.next_value()?;
+                        if v != FORMAT_VERSION {
+                            self.stop.set(Some(Stop::Version(v)));
+                            return Err(de::Error::custom("unsupported version"));
+                        }
+                        version = Some(v);
+                    }
+                    "frames" => frames = Some(map.next_value::<Vec<Frame>>()?),
+                    "entries" => {
+                        entries = Some(map.next_value_seed(EntriesSeed {
+                            max_entries: self.max_entries,
+                            stop: self.stop,
+                        })?)
+                    }
+                    _ => {
+                        map.next_value::<IgnoredAny>()?;
+                    }
+                }
+            }
+            Ok(Toc {
+                version: version.ok_or_else(|| de::Error::missing_field("version"))?,
+                frames: frames.ok_or_else(|| de::Error::missing_field("frames"))?,
+                entries: entries.ok_or_else(|| de::Error::missing_field("entries"))?,
+            })
+        }
+    }
+
+    impl<'de> DeserializeSeed<'de> for EntriesSeed<'_> {
+        type Value = Vec<Entry>;
+        fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<Vec<Entry>, D::Error> {
+            d.deserialize_seq(self)
+        }
+    }
+
+    impl<'de> Visitor<'de> for EntriesSeed<'_> {
+        type Value = Vec<Entry>;
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str("a list of TOC entries")
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<Entry>, A::Error> {
+            let mut out = Vec::new();
+            while let Some(e) = seq.next_element::<Entry>()? {
+                if out.len() as u64 >= self.max_entries {
+                    self.stop.set(Some(Stop::Entries(out.len() as u64 + 1)));
+                    return Err(de::Error::custom("too many entries"));
+                }
+                out.push(e);
+            }
+            Ok(out)
+        }
     }
 }
 
@@ -282,6 +480,7 @@ mod tests {
     fn file(size: u64, chunks: &[(u64, u32, u64, u64)]) -> Entry {
         Entry {
             path: "f".into(),
+            header: 0,
             kind: EntryKind::File,
             mode: 0o644,
             uid: 0,

@@ -5,10 +5,21 @@
 //! and within [`MAX_FRAME_CLEN`]/[`MAX_FRAME_ULEN`]; entry paths are normal, unique, never below
 //! a non-directory; hardlinks name an earlier regular file; only regular files have a size and
 //! chunks, and their chunks cover `0..size` exactly, in order, each inside its frame; links only
-//! on symlinks/hardlinks; `mode <= 0o7777`; `mtime_nsec < 1e9`.
+//! on symlinks/hardlinks; `mode <= 0o7777`; `mtime_nsec < 1e9`; no path component over 255
+//! bytes.
+//!
+//! Stream placement (version 2), so every entry names where the tar says what it is: `header`
+//! offsets are block aligned and strictly increasing, each header block lies inside the stream;
+//! a file's chunks are contiguous in the uncompressed stream from a data start that lies after
+//! its header (at most [`MAX_HEADER_SPAN`] bytes after it): `stream(chunk_i) = data_start +
+//! file_offset_i`; an entry ends (header block, or data end for files) at or before the next
+//! entry's header. What the tar really holds at those offsets is proven by
+//! [`crate::tarcheck`].
 
 use crate::frame::{MAX_FRAME_CLEN, MAX_FRAME_ULEN};
 use crate::paths::{check_normal, check_symlink_target, check_xattr, Admit, Namespace};
+use crate::tar::BLOCK;
+use crate::tarcheck::MAX_HEADER_SPAN;
 use crate::toc::{Entry, EntryKind, Toc};
 use crate::{FormatError, FORMAT_VERSION};
 
@@ -72,7 +83,11 @@ impl Toc {
                 reason: format!("frames end at {at} but the TOC starts at {toc_offset}"),
             });
         }
+        let starts = self.stream_offsets();
+        let stream_len = starts.last().copied().unwrap_or(0);
         let mut names = Namespace::new();
+        // End of the previous entry (header block or data) and its path.
+        let mut prev: Option<(u64, &str)> = None;
         for e in &self.entries {
             check_normal(&e.path)?;
             let (admit, resolved) = names.admit(e)?;
@@ -88,8 +103,91 @@ impl Toc {
                 });
             }
             self.validate_entry(e)?;
+            let end = self.placement(e, &starts, stream_len, prev)?;
+            prev = Some((end, &e.path));
         }
         Ok(())
+    }
+
+    /// Check where `e` lies in the stream; returns where it ends.
+    fn placement(
+        &self,
+        e: &Entry,
+        starts: &[u64],
+        stream_len: u64,
+        prev: Option<(u64, &str)>,
+    ) -> Result<u64, FormatError> {
+        let block = BLOCK as u64;
+        if !e.header.is_multiple_of(block) {
+            return Err(bad_entry(
+                e,
+                format!("header offset {} is not on a 512-byte block", e.header),
+            ));
+        }
+        if let Some((prev_end, prev_path)) = prev {
+            if e.header < prev_end {
+                return Err(bad_entry(
+                    e,
+                    format!(
+                        "header offset {} lies before the end ({prev_end}) of the previous entry {prev_path:?}",
+                        e.header
+                    ),
+                ));
+            }
+        }
+        let header_end = e.header.checked_add(block).filter(|end| *end <= stream_len);
+        let Some(header_end) = header_end else {
+            return Err(bad_entry(
+                e,
+                format!(
+                    "header offset {} lies past the stream end {stream_len}",
+                    e.header
+                ),
+            ));
+        };
+        let Some(first) = e.chunks.first() else {
+            return Ok(header_end);
+        };
+        // Chunks are checked against their frames in validate_entry; here only placement.
+        let stream = |c: &crate::toc::ChunkRef| {
+            starts
+                .get(c.frame.0 as usize)
+                .filter(|_| (c.frame.0 as usize) < self.frames.len())
+                .and_then(|s| s.checked_add(c.frame_offset))
+        };
+        let data_start = stream(first)
+            .and_then(|s| s.checked_sub(first.file_offset))
+            .ok_or_else(|| bad_entry(e, "first chunk lies outside the stream"))?;
+        if data_start < header_end || data_start - e.header > MAX_HEADER_SPAN {
+            return Err(bad_entry(
+                e,
+                format!(
+                    "data starts at stream offset {data_start}, not within {}..={} after its header at {}",
+                    block,
+                    MAX_HEADER_SPAN,
+                    e.header
+                ),
+            ));
+        }
+        for c in &e.chunks {
+            let expect = data_start.checked_add(c.file_offset);
+            if stream(c) != expect {
+                return Err(bad_entry(
+                    e,
+                    format!(
+                        "chunk at file offset {} is not where the file's data continues in the stream (stream offset {:?}, expected {:?})",
+                        c.file_offset,
+                        stream(c),
+                        expect
+                    ),
+                ));
+            }
+        }
+        let data_end = data_start
+            .checked_add(e.size)
+            .filter(|end| *end <= stream_len)
+            .ok_or_else(|| bad_entry(e, format!("data runs past the stream end {stream_len}")))?;
+        Ok(data_end)
     }
 
     fn validate_entry(&self, e: &Entry) -> Result<(), FormatError> {

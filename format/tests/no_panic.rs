@@ -64,6 +64,7 @@ fn seed_tar() -> Vec<u8> {
     t.link(b'1', "d/h", "d/a");
     t.link(b'2', "d/s", "a");
     t.pax(&[("SCHILY.xattr.user.x", b"1"), ("mtime", b"1.5")], false);
+    t.file("m", b"pax");
     t.file(&"x".repeat(150), b"long");
     t.gnu_long(b'L', "y".repeat(130).as_bytes());
     t.file("short", b"gnu long");

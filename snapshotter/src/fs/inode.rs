@@ -324,6 +324,7 @@ pub(crate) mod tests {
     pub fn entry(path: &str, kind: EntryKind) -> Entry {
         Entry {
             path: path.to_string(),
+            header: 0,
             kind,
             mode: if kind == EntryKind::Dir { 0o755 } else { 0o644 },
             uid: 0,
