@@ -5,8 +5,10 @@
 //! - [`registry`]: a private `docker-registry` (and a counting proxy).
 //! - [`images`]: test images built offline (busybox-static, Debian via debootstrap).
 //! - [`containerd`]: a private containerd with the weenv proxy snapshotter and shim.
+//! - [`untrusted_resources`]: images that try to exhaust the daemon's disk and memory.
 
 pub mod containerd;
 pub mod images;
 pub mod registry;
+pub mod untrusted_resources;
 pub mod util;

@@ -109,7 +109,9 @@ pub struct CacheSection {
     /// L1 memory cache cap in bytes. Default 256 MiB.
     #[serde(default = "default_memory_bytes")]
     pub memory_bytes: u64,
-    /// L2 disk cache cap in bytes (LRU evicted). Default 10 GiB.
+    /// Cap in bytes of everything the daemon writes under `dir`: frames, complete-file copies
+    /// for passthrough and their directories, as `du` counts them (one LRU; `du` exceeds it
+    /// by at most the frames being written). Default 10 GiB.
     #[serde(default = "default_disk_bytes")]
     pub disk_bytes: u64,
 }

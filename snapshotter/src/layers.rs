@@ -55,7 +55,7 @@ pub struct LayerStoreConfig {
     pub cache_dir: PathBuf,
     /// L1 capacity in bytes.
     pub memory_cache_bytes: u64,
-    /// L2 capacity in bytes (frames only; complete files are extra).
+    /// Cap in bytes of everything under `cache_dir` (frames, complete files, directories).
     pub disk_cache_bytes: u64,
     /// Background fill, read-ahead and coalescing.
     pub fill: FillConfig,
@@ -155,13 +155,7 @@ impl LayerStore {
     ) -> Result<Arc<LayerStore>, LayerError> {
         clear_stale_mount(&cfg.mountpoint);
         std::fs::create_dir_all(&cfg.mountpoint).map_err(io_err(&cfg.mountpoint))?;
-        let files = cfg.cache_dir.join("files");
-        std::fs::create_dir_all(&files).map_err(io_err(&files))?;
-        let l2 = DiskCache::open(
-            &cfg.cache_dir.join("frames"),
-            cfg.disk_cache_bytes,
-            metrics.clone(),
-        )?;
+        let l2 = DiskCache::open(&cfg.cache_dir, cfg.disk_cache_bytes, metrics.clone())?;
         let limits = PlanLimits {
             max_gap: cfg.fill.max_gap_bytes,
             max_request: cfg.fill.max_request_bytes,
@@ -178,12 +172,11 @@ impl LayerStore {
             metrics,
             rt,
             fill: cfg.fill.clone(),
-            passthrough: Passthrough::new(cfg.passthrough, files),
+            passthrough: Passthrough::new(cfg.passthrough),
             ttl: Duration::from_secs(24 * 3600),
             root_ttl: Duration::from_secs(1),
             mounted_at: SystemTime::now(),
         });
-        st.passthrough.clean_temp_files();
         let mut fc = Config::default();
         fc.mount_options = vec![
             MountOption::FSName("weenv".into()),
@@ -402,7 +395,7 @@ impl LayerStore {
         if let Some(n) = &self.notifier {
             let _ = n.inval_entry(INodeNo(ROOT_INO), OsStr::new(digest.hex()));
         }
-        self.st.passthrough.remove_layer(digest.hex());
+        self.st.store.l2().remove_layer_files(digest);
         tracing::info!(layer = %digest, "layer removed");
         Ok(())
     }

@@ -200,7 +200,7 @@ impl Metrics {
             ),
             (
                 "weenv_cache_l2_evictions_total",
-                "Frames evicted from the disk cache.",
+                "Frames and complete-file copies evicted from the disk cache.",
                 &self.l2_evictions,
             ),
             (

@@ -1,16 +1,28 @@
-//! L2: verified, uncompressed frames on the node's disk, content addressed by frame digest.
+//! L2: everything the daemon keeps on the node's disk under `cache_dir`, bounded by ONE
+//! byte cap (`cache.disk_bytes`) and ONE LRU ([`Lru`]):
+//! - verified, uncompressed frames, content addressed: `frames/<hex[0..2]>/<hex>` (a frame
+//!   shared by several layers is stored once);
+//! - complete-file copies for FUSE passthrough: `files/<layer hex>/<node>` (see
+//!   [`crate::fs::passthrough`]);
+//! - the directories themselves (4 KiB each, as `du` counts them).
 //!
-//! Layout: `<dir>/<hex[0..2]>/<hex>`, so a frame shared by several layers is stored once.
-//! Writes go to `<dir>/tmp/<hex>.<n>` and are renamed into place (atomic; a crash leaves only
-//! temp files, removed at the next open). Frames are verified against their digest *before*
-//! they are written, and trusted when loaded (only the length is checked against the TOC's
-//! `ulen`): the directory is private to the daemon (0700, root), and hashing every cached
-//! frame again on each read would cost ~2 ms per MiB on the hot path. A frame whose length
-//! is wrong is deleted and treated as a miss.
+//! Sizes are accounted in 4 KiB blocks, as `du` reports them. Frames are written to
+//! `frames/tmp/<hex>.<n>` and renamed into place, then accounted (the cache may exceed the
+//! cap by the frames being written). A complete copy is first *reserved* (accounted, pinned;
+//! refused when the pinned entries leave no room), written next to its final path and renamed
+//! ([`FileReservation::commit`]), so a copy never pushes the cache past the cap. A crash leaves
+//! only temp files, removed at the next open.
 //!
-//! The size cap is enforced with [`Lru`]; entries being read or copied are pinned and never
-//! evicted meanwhile. The index is rebuilt from the directory on open (oldest mtime first),
-//! so the cache survives restarts.
+//! Frames are verified against their digest *before* they are written, and trusted when
+//! loaded (only the length is checked against the TOC's `ulen`): the directory is private to
+//! the daemon (0700, root), and hashing every cached frame again on each read would cost
+//! ~2 ms per MiB on the hot path. A frame whose length is wrong is deleted and treated as a
+//! miss.
+//!
+//! Pinned entries are never evicted: frames while they are read or copied, complete copies
+//! while a passthrough file handle has them open (evicting a copy just means later opens are
+//! served through FUSE reads again). The index is rebuilt from the directory on open (oldest
+//! mtime first), so the cache survives restarts.
 
 use super::lru::Lru;
 use super::CacheError;
@@ -25,11 +37,36 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use weenv_format::Digest;
 
-/// The disk frame cache.
+/// Block size `du` counts in.
+const BLOCK: u64 = 4096;
+/// Directories always present: `cache_dir`, `frames`, `frames/tmp`, the 256 `frames/xx`
+/// fan-out directories (created on demand; accounted up front) and `files`.
+const FIXED_DIRS: u64 = 4 + 256;
+
+/// Bytes `du` charges for a file of `len` bytes (whole 4 KiB blocks). Pure.
+pub fn on_disk(len: u64) -> u64 {
+    len.div_ceil(BLOCK) * BLOCK
+}
+
+/// What an LRU entry stands for.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+enum Key {
+    /// A frame file.
+    Frame(Digest),
+    /// The complete copy of file node `.1` of layer `.0`.
+    File(Digest, u32),
+    /// The `files/<layer hex>` directory (removed with the layer's copies).
+    LayerDir(Digest),
+    /// The fixed directories (pinned for good).
+    Dirs,
+}
+
+/// The disk cache.
 #[derive(Debug)]
 pub struct DiskCache {
-    dir: PathBuf,
-    lru: Mutex<Lru<Digest>>,
+    frames_dir: PathBuf,
+    files_dir: PathBuf,
+    lru: Mutex<Lru<Key>>,
     seq: AtomicU64,
     metrics: Arc<Metrics>,
 }
@@ -42,7 +79,11 @@ pub struct Pin<'a> {
 
 impl Drop for Pin<'_> {
     fn drop(&mut self) {
-        let evicted = self.cache.lru.lock().unpin(&self.digest);
+        let evicted = self
+            .cache
+            .lru
+            .lock()
+            .unpin(&Key::Frame(self.digest.clone()));
         self.cache.delete(evicted);
     }
 }
@@ -51,6 +92,46 @@ impl Pin<'_> {
     /// Path of the pinned frame file.
     pub fn path(&self) -> PathBuf {
         self.cache.path_of(&self.digest)
+    }
+}
+
+/// Space reserved (and pinned) for a complete copy being written; dropped uncommitted, it
+/// releases the space and removes the temp file.
+pub struct FileReservation<'a> {
+    cache: &'a DiskCache,
+    layer: Digest,
+    node: u32,
+    tmp: PathBuf,
+    committed: bool,
+}
+
+impl FileReservation<'_> {
+    /// The temp file to write the copy to (in the final directory, for the rename).
+    pub fn tmp_path(&self) -> &Path {
+        &self.tmp
+    }
+
+    /// Renames the written temp file into place and makes the copy evictable.
+    pub fn commit(mut self) -> std::io::Result<PathBuf> {
+        let path = self.cache.file_path(&self.layer, self.node);
+        fs::rename(&self.tmp, &path)?;
+        self.committed = true;
+        let key = Key::File(self.layer.clone(), self.node);
+        let evicted = self.cache.lru.lock().unpin(&key);
+        self.cache.delete(evicted);
+        Ok(path)
+    }
+}
+
+impl Drop for FileReservation<'_> {
+    fn drop(&mut self) {
+        if !self.committed {
+            let _ = fs::remove_file(&self.tmp);
+            self.cache
+                .lru
+                .lock()
+                .remove(&Key::File(self.layer.clone(), self.node));
+        }
     }
 }
 
@@ -65,51 +146,84 @@ fn io_err<'a>(
     }
 }
 
-impl DiskCache {
-    /// Opens (creating) the cache in `dir` with a cap of `capacity` bytes, indexing the
-    /// frames already there and removing leftover temp files.
-    pub fn open(dir: &Path, capacity: u64, metrics: Arc<Metrics>) -> Result<Self, CacheError> {
-        let mut b = fs::DirBuilder::new();
-        b.recursive(true).mode(0o700);
-        let tmp = dir.join("tmp");
-        b.create(&tmp).map_err(io_err(&tmp, "create cache dir"))?;
-        for e in fs::read_dir(&tmp)
-            .map_err(io_err(&tmp, "list temp dir"))?
-            .flatten()
-        {
-            let _ = fs::remove_file(e.path());
+fn mkdir(dir: &Path) -> std::io::Result<()> {
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+}
+
+/// Files of `dir` (`(mtime, name, len)`); temp files (`tmp(name)`) are removed.
+fn scan(dir: &Path, tmp: impl Fn(&str) -> bool) -> Vec<(i64, String, u64)> {
+    let mut out = Vec::new();
+    let Ok(rd) = fs::read_dir(dir) else {
+        return out;
+    };
+    for f in rd.flatten() {
+        let name = f.file_name().to_string_lossy().into_owned();
+        if tmp(&name) {
+            let _ = fs::remove_file(f.path());
+        } else if let Ok(md) = f.metadata() {
+            if md.is_file() {
+                out.push((md.mtime(), name, md.len()));
+            }
         }
-        let mut found: Vec<(i64, Digest, u64)> = Vec::new();
-        for sub in fs::read_dir(dir)
-            .map_err(io_err(dir, "list cache dir"))?
+    }
+    out
+}
+
+impl DiskCache {
+    /// Opens (creating) the cache under `dir` (`frames/`, `files/`) with a cap of `capacity`
+    /// bytes, indexing what is already there and removing leftover temp files.
+    pub fn open(dir: &Path, capacity: u64, metrics: Arc<Metrics>) -> Result<Self, CacheError> {
+        let frames_dir = dir.join("frames");
+        let files_dir = dir.join("files");
+        let tmp = frames_dir.join("tmp");
+        mkdir(&tmp).map_err(io_err(&tmp, "create cache dir"))?;
+        mkdir(&files_dir).map_err(io_err(&files_dir, "create cache dir"))?;
+        scan(&tmp, |_| true);
+        let mut found: Vec<(i64, Key, u64)> = Vec::new();
+        for sub in fs::read_dir(&frames_dir)
+            .map_err(io_err(&frames_dir, "list cache dir"))?
             .flatten()
         {
-            let name = sub.file_name();
-            let name = name.to_string_lossy();
-            if name.len() != 2 {
+            let sub_name = sub.file_name().to_string_lossy().into_owned();
+            if sub_name.len() != 2 {
                 continue;
             }
-            let Ok(rd) = fs::read_dir(sub.path()) else {
-                continue;
-            };
-            for f in rd.flatten() {
-                let fname = f.file_name();
-                let Ok(d) = format!("sha256:{}", fname.to_string_lossy()).parse::<Digest>() else {
-                    continue;
-                };
-                if let Ok(md) = f.metadata() {
-                    found.push((md.mtime(), d, md.len()));
+            for (mtime, name, len) in scan(&sub.path(), |_| false) {
+                if let Ok(d) = format!("sha256:{name}").parse::<Digest>() {
+                    found.push((mtime, Key::Frame(d), len));
                 }
             }
         }
-        found.sort();
+        for sub in fs::read_dir(&files_dir)
+            .map_err(io_err(&files_dir, "list cache dir"))?
+            .flatten()
+        {
+            let Ok(layer) =
+                format!("sha256:{}", sub.file_name().to_string_lossy()).parse::<Digest>()
+            else {
+                continue;
+            };
+            found.push((i64::MIN, Key::LayerDir(layer.clone()), BLOCK));
+            for (mtime, name, len) in scan(&sub.path(), |n| n.starts_with(".tmp.")) {
+                if let Ok(node) = name.parse::<u32>() {
+                    found.push((mtime, Key::File(layer.clone(), node), len));
+                }
+            }
+        }
+        found.sort_by_key(|(mtime, _, _)| *mtime);
         let mut lru = Lru::new(capacity);
-        let mut evicted = Vec::new();
-        for (_, d, len) in found {
-            evicted.extend(lru.insert(d, len, false));
+        let mut evicted = lru.insert(Key::Dirs, FIXED_DIRS * BLOCK, true);
+        for (_, k, len) in found {
+            let pin = matches!(k, Key::LayerDir(_));
+            let size = if pin { len } else { on_disk(len) };
+            evicted.extend(lru.insert(k, size, pin));
         }
         let c = DiskCache {
-            dir: dir.to_path_buf(),
+            frames_dir,
+            files_dir,
             lru: Mutex::new(lru),
             seq: AtomicU64::new(0),
             metrics,
@@ -121,21 +235,22 @@ impl DiskCache {
     /// Where the frame `d` lives.
     pub fn path_of(&self, d: &Digest) -> PathBuf {
         let hex = d.hex();
-        self.dir.join(&hex[..2]).join(hex)
+        self.frames_dir.join(&hex[..2]).join(hex)
     }
 
     /// True if `d` is cached.
     pub fn contains(&self, d: &Digest) -> bool {
-        self.lru.lock().contains(d)
+        self.lru.lock().contains(&Key::Frame(d.clone()))
     }
 
     /// Pins `d` if cached.
     pub fn pin(&self, d: &Digest) -> Option<Pin<'_>> {
+        let key = Key::Frame(d.clone());
         let mut g = self.lru.lock();
-        if !g.pin(d) {
+        if !g.pin(&key) {
             return None;
         }
-        g.touch(d);
+        g.touch(&key);
         Some(Pin {
             cache: self,
             digest: d.clone(),
@@ -158,7 +273,7 @@ impl DiskCache {
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 drop(pin);
-                self.lru.lock().remove(d);
+                self.lru.lock().remove(&Key::Frame(d.clone()));
                 Ok(None)
             }
             Err(e) => Err(CacheError::Io {
@@ -176,14 +291,10 @@ impl DiskCache {
         }
         let path = self.path_of(d);
         if let Some(parent) = path.parent() {
-            fs::DirBuilder::new()
-                .recursive(true)
-                .mode(0o700)
-                .create(parent)
-                .map_err(io_err(parent, "create cache subdir"))?;
+            mkdir(parent).map_err(io_err(parent, "create cache subdir"))?;
         }
         let n = self.seq.fetch_add(1, Ordering::Relaxed);
-        let tmp = self.dir.join("tmp").join(format!("{}.{n}", d.hex()));
+        let tmp = self.frames_dir.join("tmp").join(format!("{}.{n}", d.hex()));
         let write = || -> std::io::Result<()> {
             let mut f = fs::File::create(&tmp)?;
             f.write_all(data)?;
@@ -197,26 +308,126 @@ impl DiskCache {
                 source: e,
             });
         }
-        let evicted = self.lru.lock().insert(d.clone(), data.len() as u64, false);
+        let evicted =
+            self.lru
+                .lock()
+                .insert(Key::Frame(d.clone()), on_disk(data.len() as u64), false);
         self.delete(evicted);
         Ok(())
     }
 
     /// Drops `d` from the cache.
     pub fn remove(&self, d: &Digest) {
-        if self.lru.lock().remove(d).is_some() {
+        if self.lru.lock().remove(&Key::Frame(d.clone())).is_some() {
             let _ = fs::remove_file(self.path_of(d));
         }
     }
 
-    fn delete(&self, evicted: Vec<Digest>) {
-        for d in evicted {
+    /// Directory of the complete copies of `layer`.
+    pub fn layer_dir(&self, layer: &Digest) -> PathBuf {
+        self.files_dir.join(layer.hex())
+    }
+
+    /// Path of the complete copy of file `node` of `layer`.
+    pub fn file_path(&self, layer: &Digest, node: u32) -> PathBuf {
+        self.layer_dir(layer).join(node.to_string())
+    }
+
+    /// True if the complete copy of `node` of `layer` is cached (marks it recently used).
+    pub fn has_file(&self, layer: &Digest, node: u32) -> bool {
+        self.lru.lock().touch(&Key::File(layer.clone(), node))
+    }
+
+    /// Pins the complete copy of `node` of `layer` (for an open file handle); false if it
+    /// is not cached. Undo with [`unpin_file`](Self::unpin_file).
+    pub fn pin_file(&self, layer: &Digest, node: u32) -> bool {
+        let key = Key::File(layer.clone(), node);
+        let mut g = self.lru.lock();
+        g.touch(&key) && g.pin(&key)
+    }
+
+    /// Releases a pin of [`pin_file`](Self::pin_file).
+    pub fn unpin_file(&self, layer: &Digest, node: u32) {
+        let evicted = self.lru.lock().unpin(&Key::File(layer.clone(), node));
+        self.delete(evicted);
+    }
+
+    /// Reserves room for a complete copy of `len` bytes of `node` of `layer`, evicting
+    /// least recently used entries; `Ok(None)` when it is cached already or cannot fit
+    /// beside the pinned entries (the file is then served through FUSE reads).
+    pub fn reserve_file(
+        &self,
+        layer: &Digest,
+        node: u32,
+        len: u64,
+    ) -> Result<Option<FileReservation<'_>>, CacheError> {
+        let dir = self.layer_dir(layer);
+        let dir_key = Key::LayerDir(layer.clone());
+        let mut evicted = Vec::new();
+        {
+            let mut g = self.lru.lock();
+            if !g.contains(&dir_key) {
+                match g.reserve(dir_key, BLOCK) {
+                    Some(ev) => evicted.extend(ev),
+                    None => return Ok(None),
+                }
+            }
+        }
+        self.delete(std::mem::take(&mut evicted));
+        mkdir(&dir).map_err(io_err(&dir, "create complete-file dir"))?;
+        let Some(ev) = self
+            .lru
+            .lock()
+            .reserve(Key::File(layer.clone(), node), on_disk(len))
+        else {
+            return Ok(None);
+        };
+        self.delete(ev);
+        let tmp = dir.join(format!(
+            ".tmp.{node}.{}",
+            self.seq.fetch_add(1, Ordering::Relaxed)
+        ));
+        Ok(Some(FileReservation {
+            cache: self,
+            layer: layer.clone(),
+            node,
+            tmp,
+            committed: false,
+        }))
+    }
+
+    /// Forgets and deletes every complete copy of `layer` (pins ignored: the layer is gone).
+    pub fn remove_layer_files(&self, layer: &Digest) {
+        {
+            let mut g = self.lru.lock();
+            let keys: Vec<Key> = g
+                .keys()
+                .filter(|k| matches!(k, Key::File(l, _) | Key::LayerDir(l) if l == layer))
+                .cloned()
+                .collect();
+            for k in keys {
+                g.remove(&k);
+            }
+        }
+        let _ = fs::remove_dir_all(self.layer_dir(layer));
+    }
+
+    fn delete(&self, evicted: Vec<Key>) {
+        for k in evicted {
             self.metrics.l2_evictions.fetch_add(1, Ordering::Relaxed);
-            let _ = fs::remove_file(self.path_of(&d));
+            match k {
+                Key::Frame(d) => {
+                    let _ = fs::remove_file(self.path_of(&d));
+                }
+                Key::File(l, n) => {
+                    let _ = fs::remove_file(self.file_path(&l, n));
+                }
+                Key::LayerDir(_) | Key::Dirs => {} // pinned for good
+            }
         }
     }
 
-    /// Bytes held.
+    /// Bytes held on disk (frames, complete copies, directories).
     pub fn used(&self) -> u64 {
         self.lru.lock().used()
     }
@@ -231,13 +442,17 @@ impl DiskCache {
 mod tests {
     use super::*;
 
+    const DIRS: u64 = FIXED_DIRS * BLOCK;
+
     #[test]
     fn put_get_evict_and_reopen() {
         let t = tempfile::tempdir().unwrap();
-        let c = DiskCache::open(t.path(), 10, Arc::default()).unwrap();
+        let cap = DIRS + 2 * BLOCK;
+        let c = DiskCache::open(t.path(), cap, Arc::default()).unwrap();
         let (a, b) = (Digest::sha256(b"a"), Digest::sha256(b"b"));
-        c.put(&a, b"aaaaaa").unwrap();
-        assert_eq!(c.get(&a, 6).unwrap().as_deref(), Some(&b"aaaaaa"[..]));
+        c.put(&a, &[b'a'; 5000]).unwrap();
+        assert_eq!(c.used(), DIRS + 2 * BLOCK, "accounted in whole blocks");
+        assert_eq!(c.get(&a, 5000).unwrap().map(|b| b.len()), Some(5000));
         {
             let _pin = c.pin(&a).unwrap();
             c.put(&b, b"bbbbbb").unwrap();
@@ -249,8 +464,55 @@ mod tests {
         assert!(!c.path_of(&a).exists());
         c.put(&b, b"bbbb").unwrap();
         drop(c);
-        let c = DiskCache::open(t.path(), 10, Arc::default()).unwrap();
+        let c = DiskCache::open(t.path(), cap, Arc::default()).unwrap();
         assert_eq!(c.get(&b, 4).unwrap().as_deref(), Some(&b"bbbb"[..]));
-        assert_eq!(c.used(), 4);
+        assert_eq!(c.used(), DIRS + BLOCK);
+    }
+
+    #[test]
+    fn complete_copies_share_the_cap_and_are_pinned_while_open() {
+        let t = tempfile::tempdir().unwrap();
+        let cap = DIRS + 4 * BLOCK;
+        let c = DiskCache::open(t.path(), cap, Arc::default()).unwrap();
+        let layer = Digest::sha256(b"layer");
+        let (f1, f2) = (Digest::sha256(b"1"), Digest::sha256(b"2"));
+        c.put(&f1, &[1; 4096]).unwrap();
+        c.put(&f2, &[2; 4096]).unwrap();
+        // layer dir (1 block) + copy (2 blocks) evict the older frame only
+        let r = c.reserve_file(&layer, 7, 8000).unwrap().unwrap();
+        assert!(!c.contains(&f1) && c.contains(&f2));
+        fs::write(r.tmp_path(), [7u8; 8000]).unwrap();
+        let path = r.commit().unwrap();
+        assert_eq!(path, c.file_path(&layer, 7));
+        assert!(c.has_file(&layer, 7));
+        assert_eq!(c.used(), cap);
+        // an open handle pins the copy: a new frame evicts the other frame, then itself
+        assert!(c.pin_file(&layer, 7));
+        c.put(&f1, &[1; 4096]).unwrap();
+        assert!(!c.contains(&f2));
+        c.put(&f2, &[2; 8192]).unwrap();
+        assert!(path.exists(), "open copy stays");
+        // a copy that cannot fit beside pinned entries is refused
+        assert!(c.reserve_file(&layer, 8, 3 * 4096).unwrap().is_none());
+        c.unpin_file(&layer, 7);
+        assert!(c.reserve_file(&layer, 8, 3 * 4096).unwrap().is_some());
+        assert!(!path.exists(), "closed copy evicted");
+        assert!(
+            !c.has_file(&layer, 8),
+            "dropped reservation releases its room"
+        );
+        assert!(c.used() <= cap);
+        // reopen indexes copies and drops temp files
+        let r = c.reserve_file(&layer, 9, 10).unwrap().unwrap();
+        fs::write(r.tmp_path(), b"0123456789").unwrap();
+        std::mem::forget(r); // a crash mid-copy
+        drop(c);
+        let c = DiskCache::open(t.path(), cap, Arc::default()).unwrap();
+        assert!(!c.has_file(&layer, 9));
+        let names: Vec<_> = fs::read_dir(c.layer_dir(&layer)).unwrap().collect();
+        assert!(names.is_empty(), "{names:?}");
+        c.remove_layer_files(&layer);
+        assert!(!c.layer_dir(&layer).exists());
+        assert_eq!(c.used(), DIRS, "frames went for copy 8; no copy left");
     }
 }

@@ -58,6 +58,11 @@ impl<K: Eq + Hash + Clone> Lru<K> {
         self.map.is_empty()
     }
 
+    /// The keys, in no particular order.
+    pub fn keys(&self) -> impl Iterator<Item = &K> {
+        self.map.keys()
+    }
+
     /// True if `k` is present.
     pub fn contains(&self, k: &K) -> bool {
         self.map.contains_key(k)
@@ -111,6 +116,26 @@ impl<K: Eq + Hash + Clone> Lru<K> {
         self.order.insert(t, k);
         self.used += size;
         self.evict()
+    }
+
+    /// Reserves `size` bytes for a new entry `k`, inserted pinned, but only if evicting
+    /// unpinned entries can make everything fit in the capacity: returns the keys evicted to
+    /// make room, or `None` (nothing changed) when the pinned entries leave too little room
+    /// or `k` is already present.
+    pub fn reserve(&mut self, k: K, size: u64) -> Option<Vec<K>> {
+        if self.map.contains_key(&k) {
+            return None;
+        }
+        let pinned: u64 = self
+            .map
+            .values()
+            .filter(|n| n.pins > 0)
+            .map(|n| n.size)
+            .sum();
+        if pinned.saturating_add(size) > self.capacity {
+            return None;
+        }
+        Some(self.insert(k, size, true))
     }
 
     /// Pins `k` (it will not be evicted until unpinned). Returns false if absent.
@@ -218,6 +243,24 @@ mod tests {
         assert_eq!(l.used(), 0);
     }
 
+    #[test]
+    fn reserve_evicts_unpinned_or_refuses() {
+        let mut l = Lru::new(100);
+        l.insert("frame", 50, true);
+        l.insert("old", 40, false);
+        assert_eq!(l.reserve("copy", 60), None, "50 pinned + 60 > 100");
+        assert_eq!(l.used(), 90, "a refused reservation changes nothing");
+        assert_eq!(l.reserve("copy", 50), Some(vec!["old"]));
+        assert_eq!(l.used(), 100);
+        assert_eq!(l.reserve("copy", 1), None, "already present");
+        assert!(l.unpin(&"copy").is_empty());
+        assert_eq!(
+            l.insert("x", 10, false),
+            vec!["copy"],
+            "unpinned copies are evictable"
+        );
+    }
+
     proptest! {
         #[test]
         fn used_bounded_unless_pinned(ops in proptest::collection::vec((0u8..20, 1u64..50, any::<bool>(), 0u8..4), 1..200)) {
@@ -225,6 +268,8 @@ mod tests {
             let mut pinned: HashMap<u8, u32> = HashMap::new();
             for (k, size, pin, op) in ops {
                 match op {
+                    3 if size % 3 == 0 => { if let Some(ev) = l.reserve(k, size) { *pinned.entry(k).or_default() += 1;
+                               for e in ev { prop_assert!(pinned.get(&e).copied().unwrap_or(0) == 0); } } }
                     0 | 1 => { let ev = l.insert(k, size, pin); if pin { *pinned.entry(k).or_default() += 1; }
                                for e in ev { prop_assert!(pinned.get(&e).copied().unwrap_or(0) == 0); } }
                     2 => { if pinned.get(&k).copied().unwrap_or(0) > 0 { *pinned.entry(k).or_default() -= 1; l.unpin(&k); } }

@@ -205,7 +205,10 @@ impl Filesystem for WeenvFs {
         // its fsync on the reader's critical path (start-up, first warm read).
         let complete = n.size > 0
             && self.st.passthrough.active()
-            && self.st.passthrough.has_complete(&layer, node, n.size);
+            && self
+                .st
+                .passthrough
+                .has_complete(self.st.store.l2(), &layer, node);
         if !complete && self.st.passthrough.active() && n.size >= self.st.fill.materialise_min_bytes
         {
             let l2 = self.st.store.l2();
@@ -241,7 +244,8 @@ impl Filesystem for WeenvFs {
                             None
                         }
                     };
-                    if st.passthrough.reply_passthrough(reply, ino.0, path.as_deref()) {
+                    let copy = (&layer.digest, node);
+                    if st.passthrough.reply_passthrough(reply, st.store.l2(), copy, ino.0, path.as_deref()) {
                         st.metrics.passthrough_opens.fetch_add(1, Ordering::Relaxed);
                     }
                 });
@@ -328,7 +332,7 @@ impl Filesystem for WeenvFs {
         reply: ReplyEmpty,
     ) {
         let _op = self.st.metrics.op(FuseOp::Release);
-        self.st.passthrough.release(ino.0, fh.0);
+        self.st.passthrough.release(self.st.store.l2(), ino.0, fh.0);
         reply.ok();
     }
 

@@ -1,7 +1,8 @@
 //! FUSE passthrough for files whose frames are all on disk.
 //!
 //! Such a file is materialised once as `<cache_dir>/files/<layer hex>/<node>` (assembled from
-//! L2 frames, temp + rename; `cache_dir` must be on a non-stacked fs such as ext4, because the
+//! L2 frames, temp + rename; a copy counts against the disk cache's cap, is evictable like a
+//! frame and pinned while a passthrough handle has it open, see [`crate::cache::disk`]; `cache_dir` must be on a non-stacked fs such as ext4, because the
 //! FUSE fs is itself an overlayfs lower), then opened with `reply.opened_passthrough`: the
 //! kernel reads the backing file directly and the FUSE read handler is not called.
 //!
@@ -17,6 +18,7 @@
 //! the open fails with EIO); the page cache is the backing file's anyway.
 
 use super::layer::Layer;
+use crate::cache::disk::FileReservation;
 use crate::cache::DiskCache;
 use fuser::{BackingId, FileHandle, FopenFlags, ReplyOpen};
 use parking_lot::Mutex;
@@ -26,6 +28,7 @@ use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
+use weenv_format::Digest;
 
 /// How one open of a regular file is answered.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -54,50 +57,37 @@ struct InoState {
     backing: Weak<BackingId>,
 }
 
+/// A live passthrough handle: its backing id and the copy (layer, node) it pins.
+type OpenHandle = (Arc<BackingId>, Option<(Digest, u32)>);
+
 /// Passthrough state of the session.
 pub struct Passthrough {
     /// Configured on.
     pub enabled: bool,
     /// The kernel accepted `FUSE_PASSTHROUGH` in init.
     pub available: AtomicBool,
-    files_dir: PathBuf,
     inos: Mutex<HashMap<u64, InoState>>,
-    open: Mutex<HashMap<u64, Arc<BackingId>>>,
+    /// Live passthrough handles: the backing id and the copy they pin in the disk cache.
+    open: Mutex<HashMap<u64, OpenHandle>>,
     next_fh: AtomicU64,
-    seq: AtomicU64,
     /// Inodes being materialised in the background.
     materialising: Mutex<std::collections::HashSet<u64>>,
 }
 
+fn cache_io(e: crate::cache::CacheError) -> std::io::Error {
+    std::io::Error::other(e)
+}
+
 impl Passthrough {
-    /// State for `files_dir` (`<cache_dir>/files`).
-    pub fn new(enabled: bool, files_dir: PathBuf) -> Self {
+    /// Passthrough state; the complete copies live in the disk cache.
+    pub fn new(enabled: bool) -> Self {
         Passthrough {
             enabled,
             available: AtomicBool::new(false),
-            files_dir,
             inos: Mutex::new(HashMap::new()),
             open: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
-            seq: AtomicU64::new(0),
             materialising: Mutex::new(std::collections::HashSet::new()),
-        }
-    }
-
-    /// Removes temp files a crash left in the complete-files tree.
-    pub fn clean_temp_files(&self) {
-        let Ok(layers) = fs::read_dir(&self.files_dir) else {
-            return;
-        };
-        for l in layers.flatten() {
-            let Ok(files) = fs::read_dir(l.path()) else {
-                continue;
-            };
-            for f in files.flatten() {
-                if f.file_name().to_string_lossy().starts_with(".tmp.") {
-                    let _ = fs::remove_file(f.path());
-                }
-            }
         }
     }
 
@@ -106,45 +96,27 @@ impl Passthrough {
         self.enabled && self.available.load(Ordering::Relaxed)
     }
 
-    /// Directory of the complete files of a layer.
-    pub fn layer_dir(&self, layer_hex: &str) -> PathBuf {
-        self.files_dir.join(layer_hex)
-    }
-
-    /// Path of the complete copy of `node` of `layer`.
-    pub fn complete_path(&self, layer: &Layer, node: u32) -> PathBuf {
-        self.layer_dir(layer.digest.hex()).join(node.to_string())
-    }
-
-    /// True if the complete copy of `node` (of `size` bytes) exists (e.g. from before a
+    /// True if the complete copy of `node` is in the disk cache (e.g. from before a
     /// restart, even if its frames were evicted from L2 since).
-    pub fn has_complete(&self, layer: &Layer, node: u32, size: u64) -> bool {
-        fs::metadata(self.complete_path(layer, node)).is_ok_and(|m| m.len() == size)
+    pub fn has_complete(&self, l2: &DiskCache, layer: &Layer, node: u32) -> bool {
+        l2.has_file(&layer.digest, node)
     }
 
     /// The complete copy of file `node`, materialising it from L2 if every frame is there.
-    /// `Ok(None)` if some frame is not on disk.
+    /// `Ok(None)` if some frame is not on disk or the copy does not fit in the cache.
     pub fn materialise(
         &self,
         l2: &DiskCache,
         layer: &Layer,
         node: u32,
     ) -> std::io::Result<Option<PathBuf>> {
-        let Some(n) = layer.table.node(node) else {
-            return Ok(None);
-        };
-        let path = self.complete_path(layer, node);
-        if fs::metadata(&path).is_ok_and(|m| m.len() == n.size) {
-            return Ok(Some(path));
+        if l2.has_file(&layer.digest, node) {
+            return Ok(Some(l2.file_path(&layer.digest, node)));
         }
-        let Some(tmp) = self.write_temp(l2, layer, node, true)? else {
-            return Ok(None);
-        };
-        if let Err(e) = fs::rename(&tmp, &path) {
-            let _ = fs::remove_file(&tmp);
-            return Err(e);
+        match self.write_temp(l2, layer, node, true)? {
+            Some(r) => r.commit().map(Some),
+            None => Ok(None),
         }
-        Ok(Some(path))
     }
 
     /// Claims the background materialisation of `ino`; false if one is running.
@@ -160,8 +132,8 @@ impl Passthrough {
     /// Materialises every regular file of `layer` of at least `min_bytes` whose frames are all
     /// in L2 and that has no complete copy yet (after the layer's fill, off the read path: the
     /// first open of a big file then needs no copy). The copies are written, made durable
-    /// with one `syncfs`, then renamed into place (not one fsync per file). Returns how many
-    /// files were materialised.
+    /// with one `syncfs`, then renamed into place (not one fsync per file). Copies that do not
+    /// fit in the disk cache are skipped. Returns how many files were materialised.
     pub fn materialise_layer(
         &self,
         l2: &DiskCache,
@@ -169,52 +141,45 @@ impl Passthrough {
         min_bytes: u64,
     ) -> std::io::Result<usize> {
         let mut temps = Vec::new();
-        let res = (|| -> std::io::Result<()> {
-            for (node, n) in layer.table.nodes.iter().enumerate() {
-                let Ok(node) = u32::try_from(node) else {
-                    break;
-                };
-                if n.kind != super::inode::NodeKind::File
-                    || n.size == 0
-                    || n.size < min_bytes
-                    || self.has_complete(layer, node, n.size)
-                {
-                    continue;
-                }
-                if let Some(tmp) = self.write_temp(l2, layer, node, false)? {
-                    temps.push((tmp, self.complete_path(layer, node)));
-                }
+        for (node, n) in layer.table.nodes.iter().enumerate() {
+            let Ok(node) = u32::try_from(node) else {
+                break;
+            };
+            if n.kind != super::inode::NodeKind::File
+                || n.size == 0
+                || n.size < min_bytes
+                || l2.has_file(&layer.digest, node)
+            {
+                continue;
             }
-            if !temps.is_empty() {
-                let dir = File::open(self.layer_dir(layer.digest.hex()))?;
-                // SAFETY: syncfs on a valid, open descriptor; no memory is passed.
-                if unsafe { libc::syncfs(std::os::fd::AsRawFd::as_raw_fd(&dir)) } != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
+            if let Some(r) = self.write_temp(l2, layer, node, false)? {
+                temps.push(r);
             }
-            for (tmp, path) in &temps {
-                fs::rename(tmp, path)?;
-            }
-            Ok(())
-        })();
-        if let Err(e) = res {
-            for (tmp, _) in &temps {
-                let _ = fs::remove_file(tmp);
-            }
-            return Err(e);
         }
-        Ok(temps.len())
+        if !temps.is_empty() {
+            let dir = File::open(l2.layer_dir(&layer.digest))?;
+            // SAFETY: syncfs on a valid, open descriptor; no memory is passed.
+            if unsafe { libc::syncfs(std::os::fd::AsRawFd::as_raw_fd(&dir)) } != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+        }
+        let n = temps.len();
+        for r in temps {
+            r.commit()?;
+        }
+        Ok(n)
     }
 
-    /// Writes file `node` from its pinned L2 frames to a temp file next to its complete path
-    /// (`sync`: fsync it). `Ok(None)` if some frame is not on disk.
-    fn write_temp(
+    /// Writes file `node` from its pinned L2 frames to the temp file of a disk-cache
+    /// reservation (`sync`: fsync it). `Ok(None)` if some frame is not on disk or the copy
+    /// does not fit.
+    fn write_temp<'a>(
         &self,
-        l2: &DiskCache,
+        l2: &'a DiskCache,
         layer: &Layer,
         node: u32,
         sync: bool,
-    ) -> std::io::Result<Option<PathBuf>> {
+    ) -> std::io::Result<Option<FileReservation<'a>>> {
         let Some(n) = layer.table.node(node) else {
             return Ok(None);
         };
@@ -229,45 +194,38 @@ impl Passthrough {
                 None => return Ok(None),
             }
         }
-        let dir = self.layer_dir(layer.digest.hex());
-        fs::create_dir_all(&dir)?;
-        let tmp = dir.join(format!(
-            ".tmp.{node}.{}",
-            self.seq.fetch_add(1, Ordering::Relaxed)
-        ));
-        let res = (|| -> std::io::Result<()> {
-            let mut out = File::create(&tmp)?;
-            let mut cur: Option<(weenv_format::FrameIdx, Vec<u8>)> = None;
-            for c in &n.chunks {
-                if cur.as_ref().map(|(i, _)| *i) != Some(c.frame) {
-                    let p = pins
-                        .iter()
-                        .find(|(i, _)| *i == c.frame)
-                        .map(|(_, p)| p.path())
-                        .ok_or_else(|| std::io::Error::other("frame not pinned"))?;
-                    cur = Some((c.frame, fs::read(p)?));
-                }
-                let data = &cur
-                    .as_ref()
-                    .ok_or_else(|| std::io::Error::other("no frame"))?
-                    .1;
-                let s = c.frame_offset as usize;
-                let e = s.saturating_add(c.len as usize);
-                out.write_all(
-                    data.get(s..e)
-                        .ok_or_else(|| std::io::Error::other("chunk outside frame"))?,
-                )?;
+        let Some(r) = l2
+            .reserve_file(&layer.digest, node, n.size)
+            .map_err(cache_io)?
+        else {
+            return Ok(None);
+        };
+        let mut out = File::create(r.tmp_path())?;
+        let mut cur: Option<(weenv_format::FrameIdx, Vec<u8>)> = None;
+        for c in &n.chunks {
+            if cur.as_ref().map(|(i, _)| *i) != Some(c.frame) {
+                let p = pins
+                    .iter()
+                    .find(|(i, _)| *i == c.frame)
+                    .map(|(_, p)| p.path())
+                    .ok_or_else(|| std::io::Error::other("frame not pinned"))?;
+                cur = Some((c.frame, fs::read(p)?));
             }
-            if sync {
-                out.sync_data()?;
-            }
-            Ok(())
-        })();
-        if let Err(e) = res {
-            let _ = fs::remove_file(&tmp);
-            return Err(e);
+            let data = &cur
+                .as_ref()
+                .ok_or_else(|| std::io::Error::other("no frame"))?
+                .1;
+            let s = c.frame_offset as usize;
+            let e = s.saturating_add(c.len as usize);
+            out.write_all(
+                data.get(s..e)
+                    .ok_or_else(|| std::io::Error::other("chunk outside frame"))?,
+            )?;
         }
-        Ok(Some(tmp))
+        if sync {
+            out.sync_data()?;
+        }
+        Ok(Some(r))
     }
 
     /// Chooses and reserves the mode of a new open of regular file `ino` (`complete`: all
@@ -291,10 +249,20 @@ impl Passthrough {
         reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE);
     }
 
-    /// Answers a reserved passthrough open with the complete file at `path` (None: it could
-    /// not be made). Falls back to a cached open when the kernel refuses the backing file.
-    pub fn reply_passthrough(&self, reply: ReplyOpen, ino: u64, path: Option<&Path>) -> bool {
-        let file = match path.map(File::open) {
+    /// Answers a reserved passthrough open with the complete copy of `node` of `layer` at
+    /// `path` (None: it could not be made); the copy stays pinned in the disk cache until the
+    /// handle is released. Falls back to a cached open when the copy is gone or the kernel
+    /// refuses the backing file.
+    pub fn reply_passthrough(
+        &self,
+        reply: ReplyOpen,
+        l2: &DiskCache,
+        (layer, node): (&Digest, u32),
+        ino: u64,
+        path: Option<&Path>,
+    ) -> bool {
+        let pinned = path.is_some() && l2.pin_file(layer, node);
+        let file = match path.filter(|_| pinned).map(File::open) {
             Some(Ok(f)) => Some(f),
             Some(Err(e)) => {
                 tracing::warn!(error = %e, "cannot open complete file; serving through FUSE");
@@ -321,6 +289,9 @@ impl Passthrough {
             (None, None) => None,
         };
         let Some(id) = id else {
+            if pinned {
+                l2.unpin_file(layer, node);
+            }
             // Downgrade the reservation; a cached open is valid now only if no passthrough
             // open is live (then the kernel would refuse it, and EIO is all that is left).
             st.passthrough = st.passthrough.saturating_sub(1);
@@ -337,17 +308,27 @@ impl Passthrough {
         drop(g);
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         // Registered before the reply: a release may arrive on another thread right after it.
-        self.open.lock().insert(fh, id.clone());
+        let copy = pinned.then(|| (layer.clone(), node));
+        self.open.lock().insert(fh, (id.clone(), copy));
         reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), &id);
         true
     }
 
-    /// Accounts the release of handle `fh` of `ino` (0 = cached open).
-    pub fn release(&self, ino: u64, fh: u64) {
+    /// Accounts the release of handle `fh` of `ino` (0 = cached open); a passthrough handle
+    /// unpins its copy.
+    pub fn release(&self, l2: &DiskCache, ino: u64, fh: u64) {
         if !self.active() {
             return;
         }
-        let was_pt = fh != 0 && self.open.lock().remove(&fh).is_some();
+        let handle = if fh == 0 {
+            None
+        } else {
+            self.open.lock().remove(&fh)
+        };
+        let was_pt = handle.is_some();
+        if let Some((_, Some((layer, node)))) = handle {
+            l2.unpin_file(&layer, node);
+        }
         let mut g = self.inos.lock();
         if let Some(st) = g.get_mut(&ino) {
             if was_pt {
@@ -359,11 +340,6 @@ impl Passthrough {
                 g.remove(&ino);
             }
         }
-    }
-
-    /// Removes the complete files of a layer.
-    pub fn remove_layer(&self, layer_hex: &str) {
-        let _ = fs::remove_dir_all(self.layer_dir(layer_hex));
     }
 }
 

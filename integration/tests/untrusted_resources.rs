@@ -1,0 +1,255 @@
+//! Images that try to exhaust the node (issue 9, holes 3 and 4).
+//!
+//! - `disk_cache_stays_within_its_cap`: four images of ~44 MB of incompressible data against a
+//!   64 MiB `cache.disk_bytes`, background fill and passthrough copies on, every file read
+//!   twice (through FUSE, then from the complete copies); `du` of the cache dir, sampled every
+//!   100 ms, never exceeds the cap by more than one fill batch (4 MiB), `/status` reports what
+//!   `du` sees, and evicted content is served correctly again.
+
+mod snapshotter_common;
+
+use anyhow::{ensure, Context, Result};
+use snapshotter_common::*;
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use weenv_integration::containerd::{Containerd, ContainerdOptions};
+use weenv_integration::registry::LocalRegistry;
+use weenv_integration::untrusted_resources::{data_image, noise};
+use weenv_integration::util::{require_root_and_bins, E2E_FUSE_BINS};
+
+const CAP: u64 = 64 << 20;
+/// The fill's batch (`FillConfig::batch_bytes` default).
+const BATCH: u64 = 4 << 20;
+const BIG_FILES: usize = 24;
+const BIG_BYTES: usize = 1_800_000;
+const SMALL_FILES: usize = 200;
+
+/// `du -s -B1 dir` in bytes.
+fn du(dir: &Path) -> Result<u64> {
+    let o = std::process::Command::new("du")
+        .args(["-s", "-B1"])
+        .arg(dir)
+        .output()?;
+    String::from_utf8_lossy(&o.stdout)
+        .split_whitespace()
+        .next()
+        .and_then(|v| v.parse().ok())
+        .context("du output")
+}
+
+/// Reads every regular file under `dir`; returns (files, bytes).
+fn read_all(dir: &Path) -> Result<(u64, u64)> {
+    let (mut files, mut bytes) = (0, 0);
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d)? {
+            let e = e?;
+            let t = e.file_type()?;
+            if t.is_dir() {
+                stack.push(e.path());
+            } else if t.is_file() {
+                bytes += std::fs::read(e.path())
+                    .with_context(|| format!("reading {}", e.path().display()))?
+                    .len() as u64;
+                files += 1;
+            }
+        }
+    }
+    Ok((files, bytes))
+}
+
+fn layer_dirs(mnt: &Path) -> Result<BTreeSet<PathBuf>> {
+    Ok(std::fs::read_dir(mnt)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .collect())
+}
+
+/// Value of metric `name` (without labels).
+fn metric(daemon: &Daemon, name: &str) -> Result<u64> {
+    let m = daemon.weenv(&["metrics"])?;
+    m.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .map(|v| v as u64)
+        .with_context(|| format!("metric {name}"))
+}
+
+/// Regular files under `dir` (recursive).
+fn count_files(dir: &Path) -> u64 {
+    let mut n = 0;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            match e.file_type() {
+                Ok(t) if t.is_dir() => stack.push(e.path()),
+                Ok(t) if t.is_file() => n += 1,
+                _ => {}
+            }
+        }
+    }
+    n
+}
+
+fn status(daemon: &Daemon) -> Result<serde_json::Value> {
+    Ok(serde_json::from_str(&daemon.weenv(&["status", "--json"])?)?)
+}
+
+/// Waits until no layer's fill is pending or running.
+fn wait_fills(daemon: &Daemon, timeout: Duration) -> Result<()> {
+    let t0 = Instant::now();
+    loop {
+        let s = status(daemon)?;
+        let busy = s["layers"]
+            .as_array()
+            .context("layers")?
+            .iter()
+            .any(|l| matches!(l["fill"].as_str(), Some("pending" | "running")));
+        if !busy {
+            return Ok(());
+        }
+        ensure!(t0.elapsed() < timeout, "fills still running: {s}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Checks the content of the data layer at `dir` (image `seed`).
+fn check_content(dir: &Path, seed: u64) -> Result<()> {
+    for i in [0, BIG_FILES / 2, BIG_FILES - 1] {
+        let got = std::fs::read(dir.join(format!("data/big{i:03}")))?;
+        ensure!(
+            got == noise(seed * 1_000_003 + i as u64, BIG_BYTES),
+            "{}: big{i:03} differs",
+            dir.display()
+        );
+    }
+    let got = std::fs::read(dir.join("data/small/0007"))?;
+    ensure!(
+        got == noise(seed * 7_000_001 + 500_007, 4096),
+        "small/0007 differs"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs root, containerd, runc, fuse, docker-registry, skopeo, umoci"]
+async fn disk_cache_stays_within_its_cap() -> Result<()> {
+    require_root_and_bins(E2E_FUSE_BINS)?;
+    let tmp = tempfile::tempdir()?;
+    let reg = LocalRegistry::start(tmp.path())?;
+    let host = reg.host();
+    let client = client(std::slice::from_ref(&host))?;
+    let mut refs = Vec::new();
+    let t0 = Instant::now();
+    for seed in 1..=4u64 {
+        let dir = tmp.path().join(format!("img{seed}"));
+        std::fs::create_dir_all(&dir)?;
+        let img = data_image(&dir, seed, BIG_FILES, BIG_BYTES, SMALL_FILES)?;
+        let gz = reg.push(&img, &format!("data{seed}:gz"))?;
+        let weenv = format!("{host}/data{seed}:weenv");
+        convert(&client, &gz, &weenv).await?;
+        refs.push((seed, weenv));
+    }
+    println!("4 images built and converted in {:?}", t0.elapsed());
+
+    let mut daemon = Daemon::start(
+        &tmp.path().join("snap"),
+        &DaemonOptions {
+            plain_http: vec![host.clone()],
+            fill: true,
+            fill_extra: "quiet_ms = 0".into(),
+        },
+    )?;
+    let cfg = std::fs::read_to_string(&daemon.config)?;
+    ensure!(cfg.contains("disk_bytes = 4294967296"), "{cfg}");
+    std::fs::write(
+        &daemon.config,
+        cfg.replace("disk_bytes = 4294967296", &format!("disk_bytes = {CAP}")),
+    )?;
+    daemon.restart()?;
+    let ctd = Containerd::start(ContainerdOptions {
+        proxy_snapshotter: Some(daemon.socket.clone()),
+        ..Default::default()
+    })?;
+    let state = daemon.root.join("state");
+    let (cache, mnt) = (state.join("cache"), state.join("mnt"));
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let sampler = {
+        let (stop, cache) = (stop.clone(), cache.clone());
+        std::thread::spawn(move || {
+            let mut samples = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                if let Ok(b) = du(&cache) {
+                    samples.push(b);
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            samples
+        })
+    };
+    let mut seen = layer_dirs(&mnt)?;
+    let mut data_dirs = Vec::new();
+    let run = async {
+        for (seed, r) in &refs {
+            daemon.pull(ctd.address(), "t", r)?;
+            let now = layer_dirs(&mnt)?;
+            let new: Vec<PathBuf> = now.difference(&seen).cloned().collect();
+            ensure!(new.len() == 1, "one new layer per image: {new:?}");
+            data_dirs.push((*seed, new[0].clone()));
+            seen = now;
+            let (files, bytes) = read_all(&mnt)?;
+            wait_fills(&daemon, Duration::from_secs(180))?;
+            read_all(&mnt)?;
+            println!(
+                "image {seed}: read {files} files, {} MiB; du {} MiB; {} complete copies on disk",
+                bytes >> 20,
+                du(&cache)? >> 20,
+                count_files(&cache.join("files"))
+            );
+        }
+        // Evicted frames and copies are fetched again, correctly.
+        for (seed, dir) in &data_dirs {
+            check_content(dir, *seed)?;
+        }
+        Ok::<(), anyhow::Error>(())
+    };
+    let res = run.await;
+    let pt_opens = metric(&daemon, "weenv_passthrough_opens_total");
+    let evictions = metric(&daemon, "weenv_cache_l2_evictions_total");
+    stop.store(true, Ordering::Relaxed);
+    let samples = sampler
+        .join()
+        .map_err(|_| anyhow::anyhow!("sampler panicked"))?;
+    res?;
+    let (pt_opens, evictions) = (pt_opens?, evictions?);
+    println!("passthrough opens {pt_opens}, evictions {evictions}");
+    ensure!(
+        status(&daemon)?["passthrough"] == true,
+        "passthrough must be active"
+    );
+    ensure!(pt_opens > 0, "no open was served by a complete copy");
+    let max = samples.iter().copied().max().unwrap_or(0);
+    let over = samples.iter().filter(|s| **s > CAP).count();
+    let final_du = du(&cache)?;
+    let reported = status(&daemon)?["cache"]["disk_used"]
+        .as_u64()
+        .context("disk_used")?;
+    println!(
+        "du of the cache dir: max {max} B ({:.1} MiB) over {} samples, {over} above the cap; \
+         cap {CAP} B (64 MiB) + batch {BATCH} B; at the end du {final_du} B, /status {reported} B",
+        max as f64 / (1 << 20) as f64,
+        samples.len()
+    );
+    ensure!(
+        max <= CAP + BATCH,
+        "du reached {max} B, more than cap {CAP} + batch {BATCH}"
+    );
+    ensure!(
+        final_du.abs_diff(reported) <= 1 << 20,
+        "/status says {reported} B, du says {final_du} B"
+    );
+    Ok(())
+}
