@@ -100,6 +100,16 @@ pub fn parse_tail(
     blob_size: u64,
     expected: Option<&Digest>,
 ) -> Result<(Footer, Toc), FormatError> {
+    parse_tail_with_limits(tail, blob_size, expected, &crate::TocLimits::default())
+}
+
+/// [`parse_tail`] with the TOC decoded within `limits` ([`Toc::decode_with_limits`]).
+pub fn parse_tail_with_limits(
+    tail: &[u8],
+    blob_size: u64,
+    expected: Option<&Digest>,
+    limits: &crate::TocLimits,
+) -> Result<(Footer, Toc), FormatError> {
     let footer = Footer::parse(tail)?;
     let (frame, _) = locate(&footer, tail, blob_size)?;
     let payload = toc_payload(frame)?;
@@ -120,7 +130,7 @@ pub fn parse_tail(
             actual,
         });
     }
-    let toc = Toc::decode(payload)?;
+    let toc = Toc::decode_with_limits(payload, limits)?;
     toc.validate(footer.toc_offset)?;
     Ok((footer, toc))
 }

@@ -78,6 +78,8 @@ pub struct Config {
     pub fuse: FuseSection,
     #[serde(default)]
     pub observability: ObservabilitySection,
+    #[serde(default)]
+    pub limits: LimitsSection,
 }
 
 /// Registry access.
@@ -206,6 +208,48 @@ pub struct ObservabilitySection {
     pub listen: String,
 }
 
+/// Bounds on what one layer may cost the daemon. A layer over a limit fails its Prepare with
+/// an error naming the layer, the limit and the key to raise; the daemon stays up.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsSection {
+    /// Most entries a layer's TOC may list (enforced while the TOC is parsed). A mounted
+    /// layer costs ≈ 100 bytes of memory per entry. Default 1,000,000 (the largest images
+    /// seen list ~300,000); between 1 and 100,000,000.
+    #[serde(default = "default_max_toc_entries")]
+    pub max_toc_entries: u64,
+    /// Most bytes a layer's TOC may decompress to (its JSON; ~150 bytes per entry). Default
+    /// 128 MiB; between 1 MiB and 1 GiB.
+    #[serde(default = "default_max_toc_bytes")]
+    pub max_toc_bytes: u64,
+}
+
+fn default_max_toc_entries() -> u64 {
+    1_000_000
+}
+fn default_max_toc_bytes() -> u64 {
+    128 << 20
+}
+
+impl Default for LimitsSection {
+    fn default() -> Self {
+        Self {
+            max_toc_entries: default_max_toc_entries(),
+            max_toc_bytes: default_max_toc_bytes(),
+        }
+    }
+}
+
+impl LimitsSection {
+    /// The TOC decoding limits.
+    pub fn toc_limits(&self) -> weenv_format::TocLimits {
+        weenv_format::TocLimits {
+            max_entries: self.max_toc_entries,
+            max_decoded_bytes: self.max_toc_bytes,
+        }
+    }
+}
+
 fn default_root() -> PathBuf {
     PathBuf::from("/var/lib/weenv-snapshotter")
 }
@@ -303,6 +347,7 @@ impl Default for Config {
             prefetch: PrefetchSection::default(),
             fuse: FuseSection::default(),
             observability: ObservabilitySection::default(),
+            limits: LimitsSection::default(),
         }
     }
 }
@@ -399,6 +444,18 @@ impl Config {
         }
         if self.fuse.threads == 0 || self.fuse.threads > 64 {
             return Err(invalid("fuse.threads", "must be between 1 and 64"));
+        }
+        if !(1..=100_000_000).contains(&self.limits.max_toc_entries) {
+            return Err(invalid(
+                "limits.max_toc_entries",
+                "must be between 1 and 100000000",
+            ));
+        }
+        if !((1 << 20)..=(1 << 30)).contains(&self.limits.max_toc_bytes) {
+            return Err(invalid(
+                "limits.max_toc_bytes",
+                "must be between 1 MiB and 1 GiB",
+            ));
         }
         self.listen_addr()?;
         Ok(())
@@ -543,6 +600,17 @@ mod tests {
             field("version = 1\n[registry]\nplain_http = [\"a/b\"]"),
             "registry.plain_http"
         );
+        assert_eq!(
+            field("version = 1\n[limits]\nmax_toc_entries = 0"),
+            "limits.max_toc_entries"
+        );
+        assert_eq!(
+            field("version = 1\n[limits]\nmax_toc_bytes = 4096"),
+            "limits.max_toc_bytes"
+        );
+        let c = parse("version = 1\n[limits]\nmax_toc_entries = 5").unwrap();
+        assert_eq!(c.limits.toc_limits().max_entries, 5);
+        assert_eq!(c.limits.toc_limits().max_decoded_bytes, 128 << 20);
     }
 
     #[test]

@@ -126,7 +126,7 @@ pub async fn run(cfg: Config) -> Result<(), DaemonError> {
         store.clone(),
         layers.clone(),
         registry,
-        TocCache::new(&cfg.toc_dir()),
+        TocCache::new(&cfg.toc_dir(), cfg.limits.toc_limits()),
     ));
     let svc = Arc::new(SnapshotService::new(
         store.clone(),

@@ -4,13 +4,14 @@
 //! TOC refetched; writes are atomic (temp file + rename).
 
 use std::path::{Path, PathBuf};
-use weenv_format::reader::parse_tail;
-use weenv_format::{Digest, FormatError, Toc};
+use weenv_format::reader::parse_tail_with_limits;
+use weenv_format::{Digest, FormatError, Toc, TocLimits};
 
-/// The cache directory.
+/// The cache directory and the limits every TOC is decoded within.
 #[derive(Clone, Debug)]
 pub struct TocCache {
     dir: PathBuf,
+    limits: TocLimits,
 }
 
 /// Errors of the TOC cache.
@@ -28,12 +29,41 @@ pub enum TocCacheError {
         #[source]
         source: FormatError,
     },
+    #[error("layer {digest}: its TOC {what} is {value}, over the limit of {limit}; the layer is refused (raise `limits.{key}` in the daemon config to accept it)")]
+    Limit {
+        digest: Digest,
+        what: &'static str,
+        value: u64,
+        limit: u64,
+        key: &'static str,
+    },
+}
+
+impl TocCacheError {
+    fn of(digest: &Digest, path: PathBuf, source: FormatError) -> Self {
+        match source {
+            FormatError::TocLimit { what, value, limit } => TocCacheError::Limit {
+                digest: digest.clone(),
+                what,
+                value,
+                limit,
+                key: if what.contains("entr") {
+                    "max_toc_entries"
+                } else {
+                    "max_toc_bytes"
+                },
+            },
+            source => TocCacheError::Invalid { path, source },
+        }
+    }
 }
 
 impl TocCache {
-    pub fn new(dir: &Path) -> Self {
+    /// A cache in `dir` decoding TOCs within `limits`.
+    pub fn new(dir: &Path, limits: TocLimits) -> Self {
         Self {
             dir: dir.to_path_buf(),
+            limits,
         }
     }
 
@@ -52,11 +82,8 @@ impl TocCache {
         expected: Option<&Digest>,
     ) -> Result<Toc, TocCacheError> {
         let path = self.path(digest);
-        let (_, toc) =
-            parse_tail(tail, blob_size, expected).map_err(|source| TocCacheError::Invalid {
-                path: path.clone(),
-                source,
-            })?;
+        let (_, toc) = parse_tail_with_limits(tail, blob_size, expected, &self.limits)
+            .map_err(|source| TocCacheError::of(digest, path.clone(), source))?;
         let io = |source| TocCacheError::Io {
             path: path.clone(),
             source,
@@ -75,9 +102,9 @@ impl TocCache {
             path: path.clone(),
             source,
         })?;
-        parse_tail(&tail, blob_size, None)
+        parse_tail_with_limits(&tail, blob_size, None, &self.limits)
             .map(|(_, t)| t)
-            .map_err(|source| TocCacheError::Invalid { path, source })
+            .map_err(|source| TocCacheError::of(digest, path, source))
     }
 }
 
@@ -90,7 +117,7 @@ mod tests {
     #[test]
     fn roundtrip_and_damage_detected() {
         let d = tempfile::tempdir().unwrap();
-        let c = TocCache::new(&d.path().join("tocs"));
+        let c = TocCache::new(&d.path().join("tocs"), TocLimits::default());
         let tar = tar_of(&[T::File("f", vec![3u8; 5000])]);
         let (digest, toc, blob) = build_layer(&tar, 1 << 20);
         let size = blob.len() as u64;
@@ -111,6 +138,23 @@ mod tests {
             Err(TocCacheError::Invalid { .. })
         ));
         assert!(c.put(&digest, &bad, size, None).is_err());
+        // a TOC over the limits is refused with the layer, the limit and the key to raise
+        std::fs::write(c.path(&digest), tail).unwrap();
+        let small = TocCache::new(
+            &d.path().join("tocs"),
+            TocLimits {
+                max_entries: 0,
+                ..TocLimits::default()
+            },
+        );
+        let e = small.get(&digest, size).unwrap_err().to_string();
+        assert!(
+            e.contains(digest.as_str())
+                && e.contains("limit of 0")
+                && e.contains("limits.max_toc_entries"),
+            "{e}"
+        );
+        assert!(small.put(&digest, tail, size, None).is_err());
         let other = Digest::sha256(b"none");
         assert!(matches!(c.get(&other, size), Err(TocCacheError::Io { .. })));
     }
