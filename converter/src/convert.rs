@@ -371,19 +371,7 @@ impl Ctx<'_> {
             self.sink.put_local(&l.digest, blob).await?;
             let mut d = Descriptor::new(MEDIA_TYPE_LAYER_ZSTD, l.digest.clone(), l.size);
             d.annotations = annotations;
-            let report = LayerReport {
-                index,
-                action: LayerAction::Passthrough,
-                source_digest: l.digest.to_string(),
-                source_media_type: l.media_type.clone(),
-                source_size: l.size,
-                tar_size: 0,
-                digest: l.digest.to_string(),
-                size: l.size,
-                entries: 0,
-                frames: 0,
-                seconds: started.elapsed().as_secs_f64(),
-            };
+            let report = unchanged(index, l, LayerAction::Passthrough, started, None);
             return Ok((d, report));
         }
         let out = self.scratch.join(format!("out-{index}-{}", l.digest.hex()));
@@ -402,6 +390,11 @@ impl Ctx<'_> {
             Ok(s) => s,
             Err(e) => {
                 let _ = std::fs::remove_file(&out);
+                if let ConvertError::Format { source, .. } = &e {
+                    if let Some(why) = unrepresentable(source) {
+                        return self.keep_plain(index, l, blob, why, started).await;
+                    }
+                }
                 return Err(e);
             }
         };
@@ -441,9 +434,106 @@ impl Ctx<'_> {
             entries: summary.entry_count,
             frames: summary.frame_count,
             seconds: started.elapsed().as_secs_f64(),
+            note: None,
         };
         Ok((d, report))
     }
+
+    /// Keep layer `l` as an ordinary layer (its blob unchanged) because the weenv format
+    /// cannot represent it; `why` names the entry.
+    async fn keep_plain(
+        &self,
+        index: usize,
+        l: &Descriptor,
+        blob: &LocalBlob,
+        why: String,
+        started: Instant,
+    ) -> Result<(Descriptor, LayerReport), ConvertError> {
+        let note = format!(
+            "layer {index} ({}) kept as an ordinary layer, unpacked the ordinary way (not lazily): {why}",
+            l.digest
+        );
+        tracing::warn!("{note}");
+        let media_type = {
+            let b = blob.clone();
+            tokio::task::spawn_blocking(move || plain_media_type(&b))
+                .await
+                .map_err(|e| ConvertError::Task(e.to_string()))??
+        };
+        self.sink.put_local(&l.digest, blob).await?;
+        let mut d = Descriptor::new(media_type, l.digest.clone(), l.size);
+        d.annotations = l
+            .annotations
+            .iter()
+            .filter(|(k, _)| !k.starts_with("io.weenv."))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let report = unchanged(index, l, LayerAction::Plain, started, Some(note));
+        Ok((d, report))
+    }
+}
+
+/// Report of a layer written unchanged (its blob is the source blob).
+fn unchanged(
+    index: usize,
+    l: &Descriptor,
+    action: LayerAction,
+    started: Instant,
+    note: Option<String>,
+) -> LayerReport {
+    LayerReport {
+        index,
+        action,
+        source_digest: l.digest.to_string(),
+        source_media_type: l.media_type.clone(),
+        source_size: l.size,
+        tar_size: 0,
+        digest: l.digest.to_string(),
+        size: l.size,
+        entries: 0,
+        frames: 0,
+        seconds: started.elapsed().as_secs_f64(),
+        note,
+    }
+}
+
+/// Why a tar that stock containerd unpacks cannot be a weenv layer, if that is what `e` says
+/// (the layer is then kept as an ordinary layer). Every other error fails the conversion:
+/// containerd would refuse those tars too (or the input is corrupt), e.g. a name longer than
+/// 255 bytes.
+///
+/// - duplicate entries: containerd lets the later one win; a weenv TOC lists each path once
+///   and the tar check would have to prove which copy is served;
+/// - a hardlink whose target is not an earlier file of the same layer (a file in a lower
+///   layer): the TOC can only point at bytes in its own blob;
+/// - GNU sparse files: their payload is not the file's bytes, so chunks cannot map them.
+pub fn unrepresentable(e: &weenv_format::FormatError) -> Option<String> {
+    use weenv_format::FormatError as F;
+    match e {
+        F::DuplicatePath { path } => Some(format!(
+            "entry {path:?} appears more than once in the tar (containerd keeps the last copy)"
+        )),
+        F::HardlinkTarget { path, target } => Some(format!(
+            "hardlink {path:?} -> {target:?} names no earlier file of this layer (a lower layer's file?)"
+        )),
+        F::GnuSparse { path } => Some(format!("entry {path:?} is a GNU sparse file")),
+        _ => None,
+    }
+}
+
+/// OCI media type of an ordinary layer blob, from its content (docker archives may lie).
+fn plain_media_type(blob: &LocalBlob) -> Result<&'static str, ConvertError> {
+    use std::io::Read;
+    let mut head = Vec::with_capacity(4);
+    blob.open()?
+        .take(4)
+        .read_to_end(&mut head)
+        .map_err(|e| ConvertError::io(format!("reading {}", blob.path.display()), e))?;
+    Ok(match crate::layer::sniff(&head) {
+        crate::layer::Compression::None => "application/vnd.oci.image.layer.v1.tar",
+        crate::layer::Compression::Gzip => "application/vnd.oci.image.layer.v1.tar+gzip",
+        crate::layer::Compression::Zstd => MEDIA_TYPE_LAYER_ZSTD,
+    })
 }
 
 #[cfg(test)]
@@ -459,6 +549,30 @@ mod tests {
         assert_eq!((p.os.as_str(), p.arch.as_str()), ("linux", "amd64"));
         assert!("linux".parse::<PlatformSpec>().is_err());
         assert!("linux//".parse::<PlatformSpec>().is_err());
+    }
+
+    #[test]
+    fn unrepresentable_layers_are_named() {
+        use weenv_format::FormatError as F;
+        let dup = unrepresentable(&F::DuplicatePath { path: "a/b".into() }).unwrap();
+        assert!(dup.contains("\"a/b\""), "{dup}");
+        let hl = unrepresentable(&F::HardlinkTarget {
+            path: "x".into(),
+            target: "usr/lib/y".into(),
+        })
+        .unwrap();
+        assert!(hl.contains("usr/lib/y"), "{hl}");
+        assert!(unrepresentable(&F::GnuSparse { path: "s".into() }).is_some());
+        // Names containerd cannot unpack either fail the conversion.
+        assert!(unrepresentable(&F::InvalidPath {
+            path: "n".repeat(300),
+            reason: "a path component is longer than 255 bytes (NAME_MAX)",
+        })
+        .is_none());
+        assert!(unrepresentable(&F::DotDotPath {
+            path: "../x".into()
+        })
+        .is_none());
     }
 
     #[test]

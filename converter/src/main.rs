@@ -143,6 +143,9 @@ impl Progress for Bars {
             human(r.size),
             r.seconds
         ));
+        if let Some(note) = &r.note {
+            let _ = self.multi.println(format!("warning: {note}"));
+        }
     }
 }
 
@@ -158,6 +161,20 @@ fn warn_unresolved(r: &ProfileReport) {
     }
 }
 
+/// The error and its causes, each said once: a cause whose text the message already contains
+/// (errors that print their source in their own message) is not repeated.
+fn error_chain(e: &anyhow::Error) -> String {
+    let mut msg = e.to_string();
+    for cause in e.chain().skip(1) {
+        let c = cause.to_string();
+        if !msg.contains(&c) {
+            msg.push_str(": ");
+            msg.push_str(&c);
+        }
+    }
+    msg
+}
+
 fn main() -> std::process::ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -169,8 +186,9 @@ fn main() -> std::process::ExitCode {
     match run() {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("weenv-convert: error: {e:#}");
-            if format!("{e:#}").contains("https://") && format!("{e:#}").contains("Connect") {
+            let msg = error_chain(&e);
+            eprintln!("weenv-convert: error: {msg}");
+            if msg.contains("https://") && msg.contains("Connect") {
                 eprintln!("hint: for a registry without TLS pass --plain-http HOST:PORT");
             }
             std::process::ExitCode::FAILURE
@@ -306,4 +324,21 @@ fn run() -> Result<()> {
         }
         Ok(())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_chain_says_each_cause_once() {
+        let inner = weenv_format::FormatError::DotDotPath {
+            path: "a/../b".into(),
+        };
+        let e = anyhow::Error::new(ConvertError::format("sha256:x", inner));
+        let msg = error_chain(&e);
+        assert_eq!(msg.matches("'..' component").count(), 1, "{msg}");
+        let e = anyhow::Error::new(std::io::Error::other("disk full")).context("writing x");
+        assert_eq!(error_chain(&e), "writing x: disk full");
+    }
 }

@@ -11,6 +11,10 @@ pub enum LayerAction {
     Converted,
     /// Already a weenv layer: copied/mounted unchanged.
     Passthrough,
+    /// A tar that stock containerd unpacks but the weenv format cannot represent (duplicate
+    /// entries, a hardlink to a lower layer, GNU sparse files): kept as an ordinary layer,
+    /// unpacked the ordinary way; [`LayerReport::note`] says why.
+    Plain,
 }
 
 /// One converted layer.
@@ -29,6 +33,9 @@ pub struct LayerReport {
     pub entries: u64,
     pub frames: u64,
     pub seconds: f64,
+    /// Why the layer was kept as an ordinary layer ([`LayerAction::Plain`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
 }
 
 /// One converted image manifest (one platform).
@@ -124,6 +131,7 @@ pub fn image_table(r: &ImageReport) -> String {
                 match l.action {
                     LayerAction::Converted => "converted",
                     LayerAction::Passthrough => "passthrough",
+                    LayerAction::Plain => "kept plain",
                 }
             );
         }
@@ -268,6 +276,7 @@ mod tests {
             entries: 7,
             frames: 3,
             seconds: 0.5,
+            note: None,
         };
         let r = ImageReport {
             source: "src".into(),

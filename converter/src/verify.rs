@@ -3,9 +3,12 @@
 //! For a weenv layer: the blob's sha256 and size match its descriptor; the TOC is located and
 //! verified (against the descriptor annotation and the footer); the data frames tile the blob
 //! from offset 0 up to the TOC without gaps; every frame decompresses to its recorded length
-//! and sha256; and the concatenated frames (= `zstd -d` of the blob) hash to the layer's
-//! diff_id from the image config. Other layers get the blob and diff_id checks and are
-//! reported as "not weenv".
+//! and sha256; the concatenated frames (= `zstd -d` of the blob) hash to the layer's
+//! diff_id from the image config; and the TOC tells the truth about that tar stream
+//! ([`weenv_format::StreamChecker`]: every tar entry is in the TOC and vice versa, in order,
+//! with the same type, mode, ids, device numbers, size, link target, xattrs, mtime and header
+//! offset, and every file's chunks name exactly its payload bytes). Other layers get the blob
+//! and diff_id checks and are reported as "not weenv".
 
 use crate::convert::{diff_ids, platform_label, PlatformSpec};
 use crate::layer::{existing_weenv, tar_reader};
@@ -216,6 +219,8 @@ fn verify_frames(desc: &Descriptor, blob: &LocalBlob, v: &mut LayerVerdict) -> O
     v.entries = toc.entries.len() as u64;
     v.frames = toc.frames.len() as u64;
     let mut h = Sha256::new();
+    // The TOC against the tar stream the frames hold (fed in order, as decompressed).
+    let mut checker = weenv_format::StreamChecker::new(toc);
     let mut next = 0u64;
     let mut bad_frames = 0usize;
     for (i, f) in toc.frames.iter().enumerate() {
@@ -227,7 +232,12 @@ fn verify_frames(desc: &Descriptor, blob: &LocalBlob, v: &mut LayerVerdict) -> O
         }
         next = f.offset + f.clen;
         match reader.read_frame(weenv_format::FrameIdx(i as u32)) {
-            Ok(data) => h.update(&data),
+            Ok(data) => {
+                h.update(&data);
+                if bad_frames == 0 {
+                    checker.update(&data);
+                }
+            }
             Err(e) => {
                 bad_frames += 1;
                 if bad_frames <= 5 {
@@ -245,6 +255,15 @@ fn verify_frames(desc: &Descriptor, blob: &LocalBlob, v: &mut LayerVerdict) -> O
             "frames end at {next} but the TOC starts at {}",
             reader.footer().toc_offset
         ));
+    }
+    if bad_frames == 0 {
+        if let Err(e) = checker.finish() {
+            v.problems
+                .push(format!("the TOC lies about the tar stream: {e}"));
+        }
+    } else {
+        v.problems
+            .push("the TOC was not checked against the tar stream (unreadable frames)".into());
     }
     (bad_frames == 0).then(|| Digest::from_sha256_bytes(&h.finalize().into()))
 }

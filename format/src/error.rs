@@ -11,11 +11,12 @@ use thiserror::Error;
 pub enum FormatError {
     #[error("invalid digest {0:?}: expected sha256:<64 lowercase hex>")]
     BadDigest(String),
-    #[error("I/O error while {context}: {source}")]
+    /// The cause is part of the message and deliberately not a `source()`, so chain printers
+    /// (`{:#}` of anyhow) do not say it twice.
+    #[error("I/O error while {context}: {error}")]
     Io {
         context: String,
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
 
     // ---- tar input -------------------------------------------------------------------------
@@ -164,7 +165,7 @@ impl FormatError {
     pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
         FormatError::Io {
             context: context.into(),
-            source,
+            error: source,
         }
     }
 

@@ -333,17 +333,10 @@ impl Pending {
             .unwrap_or_else(|| h.linkname.clone());
         self.since = None;
         let display = lossy(&raw_name);
-        let kind = match h.typeflag {
-            b'\0' if raw_name.ends_with(b"/") => EntryKind::Dir,
-            b'0' | b'\0' | b'7' => EntryKind::File,
-            b'1' => EntryKind::Hardlink,
-            b'2' => EntryKind::Symlink,
-            b'3' => EntryKind::Char,
-            b'4' => EntryKind::Block,
-            b'5' => EntryKind::Dir,
-            b'6' => EntryKind::Fifo,
-            b'S' => return Err(FormatError::GnuSparse { path: display }),
-            t => {
+        let kind = match (entry_kind(h.typeflag, &raw_name), h.typeflag) {
+            (Some(kind), _) => kind,
+            (None, b'S') => return Err(FormatError::GnuSparse { path: display }),
+            (None, t) => {
                 return Err(FormatError::TarUnsupportedType {
                     offset,
                     typeflag: char::from(t),
@@ -404,6 +397,22 @@ impl Pending {
         };
         Ok((entry, size))
     }
+}
+
+/// The entry type of a header with `typeflag` naming `raw_name` (after long names), or `None`
+/// for typeflags we do not accept (extension headers are handled before this).
+pub fn entry_kind(typeflag: u8, raw_name: &[u8]) -> Option<EntryKind> {
+    Some(match typeflag {
+        b'\0' if raw_name.ends_with(b"/") => EntryKind::Dir,
+        b'0' | b'\0' | b'7' => EntryKind::File,
+        b'1' => EntryKind::Hardlink,
+        b'2' => EntryKind::Symlink,
+        b'3' => EntryKind::Char,
+        b'4' => EntryKind::Block,
+        b'5' => EntryKind::Dir,
+        b'6' => EntryKind::Fifo,
+        _ => return None,
+    })
 }
 
 /// Encode one PAX record `"<len> <key>=<value>\n"` (for writers and tests).

@@ -160,6 +160,14 @@ impl TarSink for First {
 /// `TocMismatch`. For files the caller must also check that `entry.header + span` is where
 /// chunk 0 says the payload starts ([`check_entry`] does).
 pub fn check_entry_header(entry: &Entry, bytes: &[u8]) -> Result<u64, FormatError> {
+    if entry.header.checked_add(bytes.len() as u64).is_none() {
+        return Err(mismatch(
+            &entry.path,
+            "header offset",
+            entry.header.to_string(),
+            "beyond any stream".into(),
+        ));
+    }
     let mut parser = TarParser::isolated_at(entry.header);
     let mut first = First::default();
     let mut used = 0;
@@ -190,7 +198,7 @@ pub fn check_entry_header(entry: &Entry, bytes: &[u8]) -> Result<u64, FormatErro
 pub fn check_entry(toc: &Toc, entry: &Entry, bytes: &[u8]) -> Result<u64, FormatError> {
     let span = check_entry_header(entry, bytes)?;
     if entry.kind == EntryKind::File && !entry.chunks.is_empty() {
-        let tar = entry.header + span;
+        let tar = entry.header.saturating_add(span);
         let toc_start = toc.data_start(entry);
         if toc_start != Some(tar) {
             return Err(mismatch(

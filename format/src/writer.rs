@@ -302,6 +302,63 @@ impl<W: Write> TarSink for Sink<'_, W> {
     }
 }
 
+/// The tail of a blob whose data frames end at `toc_offset`: TOC skippable frame + footer.
+/// Validates `toc` first. Returns the tail, the TOC digest and the TOC frame length.
+fn toc_tail(toc: &Toc, toc_offset: u64) -> Result<(Vec<u8>, Digest, u64), FormatError> {
+    toc.validate(toc_offset)?;
+    let ztoc = toc.encode()?;
+    if ztoc.len() as u64 > MAX_TOC_COMPRESSED {
+        return Err(FormatError::AbsurdSize {
+            what: "compressed TOC size",
+            value: ztoc.len() as u64,
+            limit: MAX_TOC_COMPRESSED,
+        });
+    }
+    let toc_digest = Digest::sha256(&ztoc);
+    let toc_len = (SKIPPABLE_HEADER + ztoc.len()) as u64;
+    let footer = Footer {
+        version: FORMAT_VERSION,
+        toc_offset,
+        toc_len,
+        toc_digest: toc_digest.clone(),
+    };
+    let mut tail = Vec::with_capacity(toc_len as usize + FOOTER_SIZE);
+    tail.extend_from_slice(&skippable_header(TOC_SKIPPABLE_MAGIC, ztoc.len() as u32));
+    tail.extend_from_slice(&ztoc);
+    tail.extend_from_slice(&footer.encode());
+    Ok((tail, toc_digest, toc_len))
+}
+
+/// Re-tail a blob: keep its data frames (`blob[..toc_offset]`) and append `toc` (validated)
+/// with a matching footer. For tools and adversarial tests that craft layers, e.g. a TOC that
+/// passes validation but lies about the tar (which [`crate::StreamChecker`] catches). Returns
+/// the blob and the hint a descriptor would carry.
+pub fn retail(
+    blob: &[u8],
+    toc_offset: u64,
+    toc: &Toc,
+) -> Result<(Vec<u8>, crate::TocHint), FormatError> {
+    let frames = blob
+        .get(..toc_offset as usize)
+        .ok_or(FormatError::Truncated {
+            what: "data frames",
+            needed: toc_offset,
+            available: blob.len() as u64,
+        })?;
+    let (tail, digest, toc_len) = toc_tail(toc, toc_offset)?;
+    let mut out = Vec::with_capacity(frames.len() + tail.len());
+    out.extend_from_slice(frames);
+    out.extend_from_slice(&tail);
+    Ok((
+        out,
+        crate::TocHint {
+            offset: toc_offset,
+            length: toc_len + FOOTER_SIZE as u64,
+            digest,
+        },
+    ))
+}
+
 /// Convert the tar stream `input` into a weenv layer written to `output`.
 pub fn write_layer<R: Read, W: Write>(
     input: R,
@@ -334,36 +391,13 @@ pub fn write_layer<R: Read, W: Write>(
         diff: Sha256::new(),
         input: 0,
     };
-    // Headers are read 512 bytes at a time: buffer so unbuffered inputs (files, pipes) do not
-    // cost a syscall per block.
-    walk(
-        std::io::BufReader::with_capacity(256 << 10, input),
-        &mut sink,
-    )?;
+    // The walker reads 64 KiB at a time, so unbuffered inputs cost no syscall per block.
+    walk(input, &mut sink)?;
     sink.flush_shared()?;
 
     let toc_offset = sink.out.written;
-    sink.toc.validate(toc_offset)?;
-    let ztoc = sink.toc.encode()?;
-    if ztoc.len() as u64 > MAX_TOC_COMPRESSED {
-        return Err(FormatError::AbsurdSize {
-            what: "compressed TOC size",
-            value: ztoc.len() as u64,
-            limit: MAX_TOC_COMPRESSED,
-        });
-    }
-    let toc_digest = Digest::sha256(&ztoc);
-    sink.out
-        .put(&skippable_header(TOC_SKIPPABLE_MAGIC, ztoc.len() as u32))?;
-    sink.out.put(&ztoc)?;
-    let toc_len = (SKIPPABLE_HEADER + ztoc.len()) as u64;
-    let footer = Footer {
-        version: FORMAT_VERSION,
-        toc_offset,
-        toc_len,
-        toc_digest: toc_digest.clone(),
-    };
-    sink.out.put(&footer.encode())?;
+    let (tail, toc_digest, toc_len) = toc_tail(&sink.toc, toc_offset)?;
+    sink.out.put(&tail)?;
     sink.out
         .inner
         .flush()

@@ -5,6 +5,7 @@
 mod common;
 
 use common::*;
+use weenv_format::tarcheck::{check_entry, StreamChecker, MAX_HEADER_SPAN};
 use weenv_format::toc::Toc;
 use weenv_format::{write_layer, EntryKind, Footer, LayerReader, WriterOptions};
 
@@ -48,11 +49,19 @@ fn tar_to_layer(data: &[u8]) {
     if write_layer(data, &mut blob, &opts()).is_ok() {
         assert_eq!(zstd_decompress(&blob), data);
         let r = LayerReader::open(&blob, None).unwrap();
-        for e in &r.toc().entries {
+        let toc = r.toc();
+        for e in &toc.entries {
             if e.kind == EntryKind::File {
                 r.read_entry(e, 0, u64::MAX).unwrap();
             }
+            let to = (e.header + MAX_HEADER_SPAN).min(data.len() as u64) as usize;
+            check_entry(toc, e, &data[e.header as usize..to]).unwrap();
         }
+        let mut c = StreamChecker::new(toc);
+        for piece in data.chunks(777) {
+            c.update(piece);
+        }
+        c.finish().unwrap();
     }
 }
 
