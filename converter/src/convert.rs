@@ -153,17 +153,10 @@ pub async fn convert_image(
             .map_err(|e| ConvertError::Task(e.to_string()))??
     };
     let sink = Sink::open(dst, client, source.registry_repo(), opts.upload_chunk)?;
-    let scratch = match sink.scratch_parent() {
-        Some(p) => tempfile::Builder::new()
-            .prefix(".weenv-convert")
-            .tempdir_in(p),
-        None => tempfile::Builder::new().prefix("weenv-convert").tempdir(),
-    }
-    .map_err(|e| ConvertError::io("creating a scratch directory", e))?;
     let ctx = Ctx {
         source: &source,
         sink: &sink,
-        scratch: scratch.path(),
+        scratch: sink.scratch(),
         opts,
         progress,
     };

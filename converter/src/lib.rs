@@ -8,7 +8,9 @@
 //!   [`readahead`] decodes the source on a second thread.
 //! - [`convert`]: the image pipeline (parallel layers, configs untouched, manifests rewritten,
 //!   indexes per platform, deterministic output).
-//! - [`sink`]: write to a registry (skip/mount/chunked upload) or an OCI layout.
+//! - [`sink`]: write to a registry (skip/mount/chunked upload) or an OCI layout, atomically
+//!   ([`stage`]: staged in scratch, committed by renames, `index.json` last); [`scratch`]: the
+//!   run's locked scratch dir, and removal of the ones killed runs left.
 //! - [`verify`]: TOC, every frame digest and diff_id of every weenv layer.
 //! - [`inspect`]: layer sizes, entry counts, compression ratios, prefetch profile sizes.
 //! - [`prefetch`]: attach a start-up prefetch profile to an image (rewrites manifests only).
@@ -28,8 +30,10 @@ pub mod plan;
 pub mod prefetch;
 pub mod readahead;
 pub mod resolve_cache;
+pub mod scratch;
 pub mod sink;
 pub mod source;
+pub mod stage;
 pub mod stats;
 pub mod summary;
 pub mod verify;

@@ -278,19 +278,12 @@ pub async fn apply_profile(
     check_policy(&plans, paths.len(), &source.describe())?;
 
     let sink = Sink::open(dst, client, source.registry_repo(), 16 << 20)?;
-    let scratch = match sink.scratch_parent() {
-        Some(p) => tempfile::Builder::new()
-            .prefix(".weenv-prefetch")
-            .tempdir_in(p),
-        None => tempfile::Builder::new().prefix("weenv-prefetch").tempdir(),
-    }
-    .map_err(|e| ConvertError::io("creating a scratch directory", e))?;
     for p in &mut plans {
         for d in std::iter::once(&p.manifest.config).chain(&p.manifest.layers) {
             let put = match sink.has_or_mount(&d.digest, d.size).await? {
                 Some(put) => put,
                 None => {
-                    let blob = source.blob(d, scratch.path()).await?;
+                    let blob = source.blob(d, sink.scratch()).await?;
                     let put = sink.upload_local(&d.digest, &blob).await;
                     blob.discard();
                     put?

@@ -1,14 +1,20 @@
 //! Writing images: [`Sink`] puts blobs and manifests into a registry repository (skipping
 //! blobs the registry has, mounting them across repositories of the same registry, uploading
 //! small blobs in one PUT and large ones in chunks streamed from local files) or into an OCI
-//! layout directory (blobs moved or copied in, `index.json` updated under the tag, replacing
-//! an earlier image of that tag).
+//! layout directory (staged in scratch and committed by renames when the top manifest is
+//! put, `index.json` last: [`crate::stage`]). A registry gets blobs first, then child
+//! manifests (by digest), and the tagged manifest or index last: a failed run pushes no tag,
+//! and what it did upload is unreferenced (the registry's garbage collection removes it).
+//!
+//! A sink owns the run's [`Scratch`] directory (inside the layout, or in the system temp dir
+//! for a registry), where source blobs are fetched and layers are converted.
 
 use crate::location::ImageLocation;
-use crate::source::{layout_blob_path, read_layout_index, LocalBlob, REF_NAME};
+use crate::scratch::{Scratch, LAYOUT_PREFIX, TEMP_PREFIX};
+use crate::source::{LocalBlob, REF_NAME};
+use crate::stage::LayoutStage;
 use crate::ConvertError;
 use bytes::Bytes;
-use std::collections::BTreeMap;
 use std::io::Read as _;
 use std::path::{Path, PathBuf};
 use tokio::io::{AsyncReadExt, AsyncSeekExt};
@@ -39,8 +45,13 @@ impl From<BlobPush> for Put {
     }
 }
 
-/// An opened image destination.
-pub enum Sink {
+/// An opened image destination and the run's scratch directory.
+pub struct Sink {
+    target: Target,
+    scratch: Scratch,
+}
+
+enum Target {
     Registry {
         client: Client,
         reference: Reference,
@@ -51,11 +62,13 @@ pub enum Sink {
     Layout {
         dir: PathBuf,
         tag: String,
+        stage: LayoutStage,
     },
 }
 
 impl Sink {
     /// Open `loc` for writing. `source_repo` is (registry, repository) of a registry source.
+    /// Stale scratch directories of killed runs are removed first ([`crate::scratch`]).
     pub fn open(
         loc: &ImageLocation,
         client: &Client,
@@ -63,29 +76,29 @@ impl Sink {
         upload_chunk: usize,
     ) -> Result<Sink, ConvertError> {
         match loc {
-            ImageLocation::Registry(r) => Ok(Sink::Registry {
-                client: client.clone(),
-                reference: r.clone(),
-                mount_from: source_repo
-                    .filter(|(reg, repo)| *reg == r.registry() && *repo != r.repository())
-                    .map(|(_, repo)| repo.to_string()),
-                upload_chunk,
+            ImageLocation::Registry(r) => Ok(Sink {
+                target: Target::Registry {
+                    client: client.clone(),
+                    reference: r.clone(),
+                    mount_from: source_repo
+                        .filter(|(reg, repo)| *reg == r.registry() && *repo != r.repository())
+                        .map(|(_, repo)| repo.to_string()),
+                    upload_chunk,
+                },
+                scratch: Scratch::create(&std::env::temp_dir(), TEMP_PREFIX)?,
             }),
             ImageLocation::Layout { dir, tag } => {
                 let blobs = dir.join("blobs/sha256");
                 std::fs::create_dir_all(&blobs)
                     .map_err(|e| ConvertError::io(format!("creating {}", blobs.display()), e))?;
-                let marker = dir.join("oci-layout");
-                if !marker.exists() {
-                    std::fs::write(&marker, br#"{"imageLayoutVersion":"1.0.0"}"#)
-                        .map_err(|e| ConvertError::io(format!("writing {}", marker.display()), e))?;
-                }
-                if !dir.join("index.json").exists() {
-                    write_index(dir, &empty_index())?;
-                }
-                Ok(Sink::Layout {
-                    dir: dir.clone(),
-                    tag: tag.clone().unwrap_or_else(|| DEFAULT_LAYOUT_TAG.to_string()),
+                let scratch = Scratch::create(dir, LAYOUT_PREFIX)?;
+                Ok(Sink {
+                    target: Target::Layout {
+                        dir: dir.clone(),
+                        tag: tag.clone().unwrap_or_else(|| DEFAULT_LAYOUT_TAG.to_string()),
+                        stage: LayoutStage::new(dir, scratch.path()),
+                    },
+                    scratch,
                 })
             }
             ImageLocation::Archive { .. } => Err(ConvertError::BadOption {
@@ -97,25 +110,22 @@ impl Sink {
 
     /// A name for messages.
     pub fn describe(&self) -> String {
-        match self {
-            Sink::Registry { reference, .. } => reference.to_string(),
-            Sink::Layout { dir, tag } => format!("oci:{}:{tag}", dir.display()),
+        match &self.target {
+            Target::Registry { reference, .. } => reference.to_string(),
+            Target::Layout { dir, tag, .. } => format!("oci:{}:{tag}", dir.display()),
         }
     }
 
-    /// Scratch space near the destination (an OCI layout's own directory, so finished layers
-    /// are renamed into place), or `None` for the system temp dir.
-    pub fn scratch_parent(&self) -> Option<&Path> {
-        match self {
-            Sink::Layout { dir, .. } => Some(dir.as_path()),
-            Sink::Registry { .. } => None,
-        }
+    /// The run's scratch directory (same filesystem as a layout destination, so finished
+    /// layers are renamed into place).
+    pub fn scratch(&self) -> &Path {
+        self.scratch.path()
     }
 
     /// Put a small in-memory blob (a config).
     pub async fn put_bytes(&self, d: &Digest, bytes: Bytes) -> Result<Put, ConvertError> {
-        match self {
-            Sink::Registry {
+        match &self.target {
+            Target::Registry {
                 client,
                 reference,
                 mount_from,
@@ -124,14 +134,7 @@ impl Sink {
                 .push_blob_or_mount(reference, mount_from.as_deref(), d, bytes)
                 .await?
                 .into()),
-            Sink::Layout { dir, .. } => {
-                let path = layout_blob_path(dir, d);
-                if path.exists() {
-                    return Ok(Put::Existing);
-                }
-                write_atomic(&path, &bytes)?;
-                Ok(Put::Written)
-            }
+            Target::Layout { stage, .. } => stage.put_bytes(d, &bytes),
         }
     }
 
@@ -147,8 +150,8 @@ impl Sink {
     /// cross-repository mount from the source repository (registry); `None` when its bytes
     /// must be sent ([`Sink::upload_local`]).
     pub async fn has_or_mount(&self, d: &Digest, size: u64) -> Result<Option<Put>, ConvertError> {
-        match self {
-            Sink::Registry {
+        match &self.target {
+            Target::Registry {
                 client,
                 reference,
                 mount_from,
@@ -164,18 +167,15 @@ impl Sink {
                 }
                 Ok(None)
             }
-            Sink::Layout { dir, .. } => Ok(std::fs::metadata(layout_blob_path(dir, d))
-                .ok()
-                .filter(|m| m.len() == size)
-                .map(|_| Put::Existing)),
+            Target::Layout { stage, .. } => Ok(stage.has(d, size).then_some(Put::Existing)),
         }
     }
 
     /// Send the bytes of a local blob (the caller checked [`Sink::has_or_mount`]): one PUT
-    /// for a small blob, chunks for a large one; moved or copied into a layout.
+    /// for a small blob, chunks for a large one; staged for a layout.
     pub async fn upload_local(&self, d: &Digest, blob: &LocalBlob) -> Result<Put, ConvertError> {
-        match self {
-            Sink::Registry {
+        match &self.target {
+            Target::Registry {
                 client,
                 reference,
                 upload_chunk,
@@ -201,24 +201,7 @@ impl Sink {
                     .await?
                     .into())
             }
-            Sink::Layout { dir, .. } => {
-                let path = layout_blob_path(dir, d);
-                if blob.temporary && blob.offset == 0 && std::fs::rename(&blob.path, &path).is_ok()
-                {
-                    return Ok(Put::Written);
-                }
-                let tmp = partial_path(&path);
-                {
-                    let mut r = blob.open()?;
-                    let mut w = std::fs::File::create(&tmp)
-                        .map_err(|e| ConvertError::io(format!("creating {}", tmp.display()), e))?;
-                    std::io::copy(&mut r, &mut w)
-                        .map_err(|e| ConvertError::io(format!("writing {}", tmp.display()), e))?;
-                }
-                std::fs::rename(&tmp, &path)
-                    .map_err(|e| ConvertError::io(format!("renaming {}", tmp.display()), e))?;
-                Ok(Put::Written)
-            }
+            Target::Layout { stage, .. } => stage.put_local(d, blob),
         }
     }
 
@@ -229,13 +212,13 @@ impl Sink {
         media_type: &str,
     ) -> Result<Digest, ConvertError> {
         let d = Digest::sha256(&bytes);
-        match self {
-            Sink::Registry {
+        match &self.target {
+            Target::Registry {
                 client, reference, ..
             } => Ok(client
                 .push_manifest(&reference.with_digest(d), bytes, media_type)
                 .await?),
-            Sink::Layout { .. } => {
+            Target::Layout { .. } => {
                 self.put_bytes(&d, bytes).await?;
                 Ok(d)
             }
@@ -243,43 +226,23 @@ impl Sink {
     }
 
     /// Put the top-level manifest or index under the destination's tag (a registry reference
-    /// with only a digest is pushed by digest).
+    /// with only a digest is pushed by digest). For a layout this commits the run.
     pub async fn put_top(&self, bytes: Bytes, media_type: &str) -> Result<Digest, ConvertError> {
         let d = Digest::sha256(&bytes);
         let size = bytes.len() as u64;
-        match self {
-            Sink::Registry {
+        match &self.target {
+            Target::Registry {
                 client, reference, ..
             } => Ok(client.push_manifest(reference, bytes, media_type).await?),
-            Sink::Layout { dir, tag } => {
+            Target::Layout { tag, stage, .. } => {
                 self.put_bytes(&d, bytes).await?;
-                let mut index = read_layout_index(dir)?;
                 let mut desc = Descriptor::new(media_type, d.clone(), size);
                 desc.annotations
                     .insert(REF_NAME.to_string(), tag.to_string());
-                set_tag(&mut index, desc, tag);
-                write_index(dir, &index)?;
+                stage.commit(|index| set_tag(index, desc, tag))?;
                 Ok(d)
             }
         }
-    }
-}
-
-/// A unique temp name next to `path` (concurrent writers of one blob never share it).
-fn partial_path(path: &Path) -> PathBuf {
-    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    path.with_extension(format!("partial-{}-{n}", std::process::id()))
-}
-
-fn empty_index() -> ImageIndex {
-    ImageIndex {
-        schema_version: 2,
-        media_type: Some(weenv_registry::manifest::OCI_INDEX.to_string()),
-        artifact_type: None,
-        manifests: Vec::new(),
-        subject: None,
-        annotations: BTreeMap::new(),
     }
 }
 
@@ -291,22 +254,6 @@ pub fn set_tag(index: &mut ImageIndex, desc: Descriptor, tag: &str) {
     index.manifests.push(desc);
 }
 
-fn write_index(dir: &Path, index: &ImageIndex) -> Result<(), ConvertError> {
-    let bytes = serde_json::to_vec(index).map_err(|e| ConvertError::BadImage {
-        location: dir.display().to_string(),
-        reason: e.to_string(),
-    })?;
-    write_atomic(&dir.join("index.json"), &bytes)
-}
-
-fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), ConvertError> {
-    let tmp = partial_path(path);
-    std::fs::write(&tmp, bytes)
-        .map_err(|e| ConvertError::io(format!("writing {}", tmp.display()), e))?;
-    std::fs::rename(&tmp, path)
-        .map_err(|e| ConvertError::io(format!("renaming {}", tmp.display()), e))
-}
-
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
@@ -314,7 +261,7 @@ mod tests {
 
     #[test]
     fn set_tag_replaces_only_that_tag() {
-        let mut ix = empty_index();
+        let mut ix = crate::stage::empty_index();
         let tagged = |t: &str, data: &[u8]| {
             let mut d = Descriptor::new("m", Digest::sha256(data), 1);
             d.annotations.insert(REF_NAME.into(), t.into());

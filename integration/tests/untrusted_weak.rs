@@ -1,0 +1,239 @@
+//! Weak spots of issue 9, end to end with the built binaries (no root, no daemons):
+//! a SIGKILLed `weenv-convert image ... oci:DIR:TAG` leaves the destination layout unchanged
+//! except for its locked scratch directory, which the next run removes before it succeeds.
+
+mod fuse_common;
+
+use anyhow::{ensure, Context, Result};
+use fuse_common::noise;
+use sha2::{Digest as _, Sha256};
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+use weenv_integration::util::workspace_bin;
+
+fn sha(data: &[u8]) -> String {
+    format!("sha256:{}", hex::encode(Sha256::digest(data)))
+}
+
+fn put(dir: &Path, data: &[u8]) -> Result<String> {
+    let d = sha(data);
+    std::fs::write(dir.join("blobs/sha256").join(&d[7..]), data)?;
+    Ok(d)
+}
+
+/// A tar of `files` noise files of `size` bytes each.
+fn tar_of(seed: u64, files: usize, size: usize) -> Result<Vec<u8>> {
+    let mut b = tar::Builder::new(Vec::new());
+    for i in 0..files {
+        let mut h = tar::Header::new_gnu();
+        h.set_mode(0o644);
+        h.set_mtime(1_700_000_000);
+        h.set_size(size as u64);
+        b.append_data(
+            &mut h,
+            format!("d{seed}/f{i}"),
+            &noise(seed * 100 + i as u64, size)[..],
+        )?;
+    }
+    Ok(b.into_inner()?)
+}
+
+/// An OCI layout tagged `src` with two uncompressed layers of `mib` MiB each.
+fn big_layout(dir: &Path, mib: usize) -> Result<()> {
+    std::fs::create_dir_all(dir.join("blobs/sha256"))?;
+    std::fs::write(dir.join("oci-layout"), r#"{"imageLayoutVersion":"1.0.0"}"#)?;
+    let layers = [tar_of(1, mib / 4, 4 << 20)?, tar_of(2, mib / 4, 4 << 20)?];
+    let ids: Vec<String> = layers.iter().map(|l| sha(l)).collect();
+    let config = serde_json::to_vec(&serde_json::json!({
+        "architecture": "amd64", "os": "linux", "rootfs": {"type": "layers", "diff_ids": ids}}))?;
+    let cd = put(dir, &config)?;
+    let mut descs = Vec::new();
+    for l in &layers {
+        descs.push(
+            serde_json::json!({"mediaType": "application/vnd.oci.image.layer.v1.tar",
+            "digest": put(dir, l)?, "size": l.len()}),
+        );
+    }
+    let m = serde_json::to_vec(&serde_json::json!({
+        "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": cd, "size": config.len()},
+        "layers": descs}))?;
+    let md = put(dir, &m)?;
+    let index = serde_json::json!({"schemaVersion": 2, "manifests": [{
+        "mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": md, "size": m.len(),
+        "annotations": {"org.opencontainers.image.ref.name": "src"}}]});
+    std::fs::write(dir.join("index.json"), serde_json::to_vec(&index)?)?;
+    Ok(())
+}
+
+/// Every file under `dir` (relative path -> size and content digest), scratch dirs apart.
+fn snapshot(dir: &Path, skip_prefix: &str) -> Result<BTreeMap<String, String>> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d)? {
+            let e = e?;
+            let rel = e.path().strip_prefix(dir)?.display().to_string();
+            if rel.starts_with(skip_prefix) {
+                continue;
+            }
+            if e.file_type()?.is_dir() {
+                stack.push(e.path());
+            } else {
+                out.insert(rel, sha(&std::fs::read(e.path())?));
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn scratch_dirs(dir: &Path) -> Result<Vec<String>> {
+    let mut v = Vec::new();
+    for e in std::fs::read_dir(dir)? {
+        let n = e?.file_name().to_string_lossy().into_owned();
+        if n.starts_with(".weenv-convert") {
+            v.push(n);
+        }
+    }
+    Ok(v)
+}
+
+/// Size of the largest file named `prefix*` in the scratch dirs of `dir`.
+fn largest_in_scratch(dir: &Path, prefix: &str) -> u64 {
+    let mut best = 0;
+    for s in scratch_dirs(dir).unwrap_or_default() {
+        if let Ok(rd) = std::fs::read_dir(dir.join(s)) {
+            for e in rd.flatten() {
+                if e.file_name().to_string_lossy().starts_with(prefix) {
+                    best = best.max(e.metadata().map(|m| m.len()).unwrap_or(0));
+                }
+            }
+        }
+    }
+    best
+}
+
+#[test]
+fn sigkilled_conversion_leaves_the_layout_unchanged_and_the_rerun_cleans_up() -> Result<()> {
+    let bin = workspace_bin("weenv-convert")?;
+    let tmp = tempfile::tempdir()?;
+    let src = tmp.path().join("src");
+    big_layout(&src, 96)?;
+    let dst = tmp.path().join("dst");
+    let src_ref = format!("oci:{}:src", src.display());
+    let dst_ref = format!("oci:{}:big", dst.display());
+
+    // The destination holds an image already.
+    let small = tmp.path().join("small");
+    std::fs::create_dir_all(small.join("blobs/sha256"))?;
+    let layer = tar_of(3, 1, 1000)?;
+    let config = serde_json::to_vec(&serde_json::json!({"architecture": "amd64", "os": "linux",
+        "rootfs": {"type": "layers", "diff_ids": [sha(&layer)]}}))?;
+    let cd = put(&small, &config)?;
+    let ld = put(&small, &layer)?;
+    let m = serde_json::to_vec(&serde_json::json!({"schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": cd, "size": config.len()},
+        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": ld, "size": layer.len()}]}))?;
+    let md = put(&small, &m)?;
+    std::fs::write(
+        small.join("oci-layout"),
+        r#"{"imageLayoutVersion":"1.0.0"}"#,
+    )?;
+    std::fs::write(
+        small.join("index.json"),
+        serde_json::to_vec(&serde_json::json!({"schemaVersion": 2, "manifests": [{
+        "mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": md, "size": m.len(),
+        "annotations": {"org.opencontainers.image.ref.name": "src"}}]}))?,
+    )?;
+    let out = Command::new(&bin)
+        .args(["image", &format!("oci:{}:src", small.display())])
+        .arg(format!("oci:{}:old", dst.display()))
+        .output()?;
+    ensure!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let before = snapshot(&dst, ".weenv-convert")?;
+    ensure!(scratch_dirs(&dst)?.is_empty());
+
+    // Kill the conversion once the first layer is finished (staged) and the second is being
+    // written: both kinds of partial output exist at that moment.
+    let mut child = Command::new(&bin)
+        .args(["image", "--jobs", "1", &src_ref, &dst_ref])
+        .spawn()?;
+    let t0 = Instant::now();
+    loop {
+        if largest_in_scratch(&dst, "staged-") > (1 << 20) && largest_in_scratch(&dst, "out-") > 0 {
+            break;
+        }
+        if let Some(st) = child.try_wait()? {
+            anyhow::bail!(
+                "conversion ended ({st}) before it could be killed midway; make the input larger"
+            );
+        }
+        ensure!(
+            t0.elapsed() < Duration::from_secs(300),
+            "conversion did not progress"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // SAFETY: plain kill(2) of our own child by pid.
+    let rc = unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGKILL) };
+    ensure!(rc == 0, "kill failed");
+    child.wait()?;
+    let left = scratch_dirs(&dst)?;
+    eprintln!(
+        "killed after {:?}; scratch left: {left:?}, {} MiB staged",
+        t0.elapsed(),
+        largest_in_scratch(&dst, "staged-") >> 20
+    );
+    ensure!(
+        left.len() == 1,
+        "one scratch dir of the killed run: {left:?}"
+    );
+    ensure!(
+        snapshot(&dst, ".weenv-convert")? == before,
+        "the killed run changed the layout outside its scratch dir"
+    );
+
+    // The rerun removes the dead run's scratch and succeeds; nothing is left behind.
+    let out = Command::new(&bin)
+        .args(["image", &src_ref, &dst_ref])
+        .output()?;
+    ensure!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    ensure!(
+        scratch_dirs(&dst)?.is_empty(),
+        "scratch left after the rerun: {:?}",
+        scratch_dirs(&dst)?
+    );
+    let after = snapshot(&dst, ".weenv-convert")?;
+    let index: serde_json::Value = serde_json::from_slice(&std::fs::read(dst.join("index.json"))?)?;
+    let tags: Vec<&str> = index["manifests"]
+        .as_array()
+        .context("manifests")?
+        .iter()
+        .filter_map(|m| m["annotations"]["org.opencontainers.image.ref.name"].as_str())
+        .collect();
+    ensure!(tags == ["old", "big"], "tags {tags:?}");
+    // The old image's blobs are untouched.
+    for (k, v) in &before {
+        if k != "index.json" {
+            ensure!(after.get(k) == Some(v), "{k} changed");
+        }
+    }
+    let out = Command::new(&bin).args(["verify", &dst_ref]).output()?;
+    ensure!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(())
+}
