@@ -263,9 +263,12 @@ async fn scenario(lazy: bool) -> Result<()> {
     // the same through the `weenv run` command line
     let out_cli = e.tmp.path().join("out-cli");
     std::fs::create_dir_all(&out_cli)?;
+    // A config of defaults (not the host's /etc/weenv one; a missing --config is an error).
+    let defaults = e.tmp.path().join("defaults.toml");
+    std::fs::write(&defaults, "version = 1\n")?;
     let o = std::process::Command::new(weenv_integration::util::workspace_bin("weenv")?)
         .arg("--config")
-        .arg(e.tmp.path().join("no-such-config.toml"))
+        .arg(&defaults)
         .arg("run")
         .arg(e.tmp.path().join("init.toml"))
         .args([

@@ -11,9 +11,10 @@ use std::path::PathBuf;
 #[derive(Parser, Debug)]
 #[command(name = "weenv", version)]
 pub struct Cli {
-    /// Daemon config (registry settings, status endpoint); missing file = defaults.
-    #[arg(long, global = true, default_value = DEFAULT_CONFIG_PATH)]
-    pub config: PathBuf,
+    /// Daemon config (registry settings, status endpoint). Default: the daemon's default path
+    /// if it exists, else built-in defaults; a path given here must exist.
+    #[arg(long, global = true, value_name = "FILE")]
+    pub config: Option<PathBuf>,
     #[command(subcommand)]
     pub cmd: Cmd,
 }
@@ -126,12 +127,17 @@ pub struct RunArgs {
     pub cmd: Vec<String>,
 }
 
-fn load_config(path: &std::path::Path) -> Result<Config> {
-    if path.exists() {
-        Config::load(path).with_context(|| format!("loading {}", path.display()))
-    } else {
-        Ok(Config::default())
-    }
+/// The config `--config` names (it must exist), else the default path if it exists, else
+/// built-in defaults.
+fn load_config(given: Option<&std::path::Path>) -> Result<Config> {
+    let path = match given {
+        Some(p) => p,
+        None if std::path::Path::new(DEFAULT_CONFIG_PATH).exists() => {
+            std::path::Path::new(DEFAULT_CONFIG_PATH)
+        }
+        None => return Ok(Config::default()),
+    };
+    Ok(Config::load(path)?)
 }
 
 fn endpoint(cfg: &Config, e: &Option<String>) -> Result<ListenAddr> {
@@ -146,7 +152,7 @@ fn endpoint(cfg: &Config, e: &Option<String>) -> Result<ListenAddr> {
 
 /// Run the CLI.
 pub async fn run(cli: Cli) -> Result<()> {
-    let cfg = load_config(&cli.config)?;
+    let cfg = load_config(cli.config.as_deref())?;
     match cli.cmd {
         Cmd::Pull {
             reference,
@@ -272,4 +278,28 @@ pub async fn run(cli: Cli) -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_given_config_that_does_not_exist_is_an_error_naming_it() {
+        let cli = Cli::try_parse_from(["weenv", "--config", "/nonexistent/weenv.toml", "status"])
+            .unwrap();
+        let err = format!("{:#}", run(cli).await.unwrap_err());
+        assert!(err.contains("/nonexistent/weenv.toml"), "{err}");
+        // Given after the subcommand too (a global flag).
+        let cli =
+            Cli::try_parse_from(["weenv", "status", "--config", "/nonexistent/x.toml"]).unwrap();
+        assert!(load_config(cli.config.as_deref()).is_err());
+        // Not given: the default path may be absent.
+        let cli = Cli::try_parse_from(["weenv", "status"]).unwrap();
+        assert_eq!(cli.config, None);
+        if !std::path::Path::new(DEFAULT_CONFIG_PATH).exists() {
+            assert_eq!(load_config(None).unwrap(), Config::default());
+        }
+    }
 }

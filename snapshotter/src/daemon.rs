@@ -37,6 +37,8 @@ pub enum DaemonError {
     Config(#[from] crate::config::ConfigError),
     #[error(transparent)]
     Grpc(#[from] crate::grpc::GrpcError),
+    #[error(transparent)]
+    Http(#[from] crate::http::HttpError),
 }
 
 struct Obs {
@@ -108,6 +110,11 @@ pub fn layer_store_config(cfg: &Config) -> LayerStoreConfig {
 
 /// Run the daemon until a termination signal.
 pub async fn run(cfg: Config) -> Result<(), DaemonError> {
+    // First, so a taken observability address stops the daemon before it mounts anything.
+    let listener = match cfg.listen_addr()? {
+        Some(addr) => Some(http::bind(&addr).await?),
+        None => None,
+    };
     for d in [cfg.root_dir.clone(), cfg.snapshots_dir(), cfg.toc_dir()] {
         std::fs::create_dir_all(&d).map_err(|source| DaemonError::Dir {
             path: d.clone(),
@@ -136,18 +143,14 @@ pub async fn run(cfg: Config) -> Result<(), DaemonError> {
     let (ok, failed) = svc.remount_all().await?;
     info!(remounted = ok, failed, "remote snapshots remounted");
 
-    if let Some(addr) = cfg.listen_addr()? {
+    if let Some(l) = listener {
         let obs = Arc::new(Obs {
             svc: svc.clone(),
             store: store.clone(),
             layers: layers.clone(),
             metrics,
         });
-        tokio::spawn(async move {
-            if let Err(e) = http::serve(addr, obs).await {
-                error!(error = %e, "observability endpoint stopped");
-            }
-        });
+        tokio::spawn(http::serve(l, obs));
     }
 
     info!(socket = %cfg.socket.display(), "serving containerd Snapshots API");
@@ -170,5 +173,38 @@ async fn shutdown_signal() {
     tokio::select! {
         _ = term.recv() => info!("SIGTERM"),
         _ = int.recv() => info!("SIGINT"),
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_taken_status_port_stops_the_daemon_at_start() {
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = taken.local_addr().unwrap().to_string();
+        let d = tempfile::tempdir().unwrap();
+        let mut cfg = Config {
+            root_dir: d.path().join("root"),
+            socket: d.path().join("weenv.sock"),
+            ..Config::default()
+        };
+        cfg.observability.listen = addr.clone();
+        let r = tokio::time::timeout(std::time::Duration::from_secs(10), run(cfg))
+            .await
+            .unwrap();
+        let err = r.unwrap_err();
+        assert!(matches!(err, DaemonError::Http(_)), "{err}");
+        let msg = err.to_string();
+        assert!(
+            msg.contains(&addr) && msg.contains("observability.listen"),
+            "{msg}"
+        );
+        assert!(
+            !d.path().join("root").exists(),
+            "nothing set up before the check"
+        );
     }
 }

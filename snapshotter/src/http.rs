@@ -11,12 +11,8 @@ use tracing::debug;
 /// Endpoint errors.
 #[derive(Debug, Error)]
 pub enum HttpError {
-    #[error("cannot listen on {addr}: {source}")]
-    Bind {
-        addr: String,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error("cannot serve /status and /metrics on {addr} (config observability.listen): {reason}; stop what holds it, or set observability.listen to a free address (\"\" disables the endpoint)")]
+    Bind { addr: String, reason: String },
 }
 
 /// What the endpoint exposes.
@@ -117,34 +113,54 @@ async fn handle<S: AsyncRead + AsyncWrite + Unpin>(mut s: S, obs: Arc<dyn Observ
     let _ = s.shutdown().await;
 }
 
-/// Bind `addr` and serve forever (spawned by the daemon).
-pub async fn serve(addr: ListenAddr, obs: Arc<dyn Observable>) -> Result<(), HttpError> {
+/// A bound endpoint, not yet serving.
+#[derive(Debug)]
+pub enum Listener {
+    Tcp(tokio::net::TcpListener),
+    Unix(tokio::net::UnixListener),
+}
+
+/// Bind `addr`; the daemon does this before anything else, so a taken address stops it at
+/// start. A unix socket file is replaced only when nothing answers on it (left by a dead
+/// daemon); a live one is "in use".
+pub async fn bind(addr: &ListenAddr) -> Result<Listener, HttpError> {
+    let fail = |reason: String| HttpError::Bind {
+        addr: match addr {
+            ListenAddr::Tcp(a) => a.to_string(),
+            ListenAddr::Unix(p) => format!("unix:{}", p.display()),
+        },
+        reason,
+    };
     match addr {
-        ListenAddr::Tcp(a) => {
-            let l = tokio::net::TcpListener::bind(a)
-                .await
-                .map_err(|source| HttpError::Bind {
-                    addr: a.to_string(),
-                    source,
-                })?;
-            loop {
-                if let Ok((s, _)) = l.accept().await {
-                    tokio::spawn(handle(s, obs.clone()));
-                }
-            }
-        }
+        ListenAddr::Tcp(a) => tokio::net::TcpListener::bind(a)
+            .await
+            .map(Listener::Tcp)
+            .map_err(|e| fail(e.to_string())),
         ListenAddr::Unix(p) => {
-            let _ = std::fs::remove_file(&p);
-            let l = tokio::net::UnixListener::bind(&p).map_err(|source| HttpError::Bind {
-                addr: p.display().to_string(),
-                source,
-            })?;
-            loop {
-                if let Ok((s, _)) = l.accept().await {
-                    tokio::spawn(handle(s, obs.clone()));
-                }
+            if tokio::net::UnixStream::connect(p).await.is_ok() {
+                return Err(fail("a running process answers on this socket".into()));
             }
+            let _ = std::fs::remove_file(p);
+            tokio::net::UnixListener::bind(p)
+                .map(Listener::Unix)
+                .map_err(|e| fail(e.to_string()))
         }
+    }
+}
+
+/// Serve requests on `l` forever (spawned by the daemon).
+pub async fn serve(l: Listener, obs: Arc<dyn Observable>) {
+    match l {
+        Listener::Tcp(l) => loop {
+            if let Ok((s, _)) = l.accept().await {
+                tokio::spawn(handle(s, obs.clone()));
+            }
+        },
+        Listener::Unix(l) => loop {
+            if let Ok((s, _)) = l.accept().await {
+                tokio::spawn(handle(s, obs.clone()));
+            }
+        },
     }
 }
 
@@ -238,8 +254,9 @@ mod tests {
     async fn serves_over_unix_socket() {
         let d = tempfile::tempdir().unwrap();
         let addr = ListenAddr::Unix(d.path().join("s.sock"));
+        let l = bind(&addr).await.unwrap();
         let t = tokio::spawn(serve(
-            addr.clone(),
+            l,
             Arc::new(Fake(std::sync::atomic::AtomicU32::new(0))),
         ));
         let mut body = Err(std::io::Error::other("not started"));
@@ -253,5 +270,27 @@ mod tests {
         assert_eq!(body.unwrap(), "m 1\n");
         assert!(get(&addr, "/nope").await.is_err());
         t.abort();
+    }
+
+    #[tokio::test]
+    async fn a_taken_address_is_an_error_naming_it_and_the_config_key() {
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let a = taken.local_addr().unwrap();
+        let err = bind(&ListenAddr::Tcp(a)).await.unwrap_err().to_string();
+        assert!(err.contains(&a.to_string()), "{err}");
+        assert!(err.contains("observability.listen"), "{err}");
+
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("s.sock");
+        let live = bind(&ListenAddr::Unix(p.clone())).await.unwrap();
+        let err = bind(&ListenAddr::Unix(p.clone()))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(&format!("unix:{}", p.display())), "{err}");
+        drop(live);
+        // The socket file of a dead listener is replaced.
+        assert!(p.exists());
+        bind(&ListenAddr::Unix(p)).await.unwrap();
     }
 }
