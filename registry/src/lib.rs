@@ -40,7 +40,9 @@ pub use bytes::Bytes;
 pub use client::Client;
 pub use config::{Capability, Endpoint, HostConfig, MirrorConfig, RegistryConfig};
 pub use error::RegistryError;
-pub use manifest::{select_platform, Descriptor, ImageIndex, ImageManifest, Manifest, Platform};
+pub use manifest::{
+    platform_matches, select_platform, Descriptor, ImageIndex, ImageManifest, Manifest, Platform,
+};
 pub use pull::ManifestBlob;
 pub use push::{finalize_url, BlobPush};
 pub use range_reader::BlobRangeReader;

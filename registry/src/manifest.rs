@@ -190,32 +190,39 @@ pub fn host_platform() -> (&'static str, &'static str) {
     (std::env::consts::OS, normalize_arch(std::env::consts::ARCH))
 }
 
-/// Pick the index entry for (os, arch, variant). Without a requested variant the first
-/// os/arch match wins; `arm64` treats a missing variant as `v8`. Entries without a platform
-/// (e.g. attestations) never match.
+/// Pick the index entry for (os, arch, variant): the first whose platform
+/// [`platform_matches`]. Entries without a platform (e.g. attestations) never match.
 pub fn select_platform<'a>(
     index: &'a ImageIndex,
     os: &str,
     arch: &str,
     variant: Option<&str>,
 ) -> Option<&'a Descriptor> {
+    index.manifests.iter().find(|d| {
+        d.platform
+            .as_ref()
+            .is_some_and(|p| platform_matches(p, os, arch, variant))
+    })
+}
+
+/// True when `p` (an index entry's platform, or an image config's os/architecture/variant)
+/// is (os, arch, variant). Architectures are normalised; without a requested variant any
+/// variant matches; `arm64` treats a missing variant as `v8`. Pure.
+pub fn platform_matches(p: &Platform, os: &str, arch: &str, variant: Option<&str>) -> bool {
     let arch = normalize_arch(arch);
+    if p.os != os || normalize_arch(&p.architecture) != arch {
+        return false;
+    }
     let norm_variant = |v: Option<&str>| -> Option<String> {
         match (arch, v) {
             ("arm64", None) => Some("v8".to_string()),
             (_, v) => v.map(str::to_string),
         }
     };
-    index.manifests.iter().find(|d| {
-        let Some(p) = &d.platform else { return false };
-        if p.os != os || normalize_arch(&p.architecture) != arch {
-            return false;
-        }
-        match variant {
-            None => true,
-            Some(v) => norm_variant(p.variant.as_deref()) == norm_variant(Some(v)),
-        }
-    })
+    match variant {
+        None => true,
+        Some(v) => norm_variant(p.variant.as_deref()) == norm_variant(Some(v)),
+    }
 }
 
 #[cfg(test)]

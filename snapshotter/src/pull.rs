@@ -52,8 +52,18 @@ pub enum PullError {
     },
     #[error("image config {digest}: {message}")]
     Config { digest: String, message: String },
-    #[error("no manifest for platform {platform} in index {reference}")]
-    NoPlatform { reference: String, platform: String },
+    #[error("no manifest for platform {platform} in index {reference} (available: {available}); pass --platform with one of them")]
+    NoPlatform {
+        reference: String,
+        platform: String,
+        available: String,
+    },
+    #[error("{reference} is a single-platform image for {available}, not for the requested platform {requested}; pass --platform {available} or pull an image built for {requested}")]
+    WrongPlatform {
+        reference: String,
+        requested: String,
+        available: String,
+    },
 }
 
 /// Retries (250 ms apart) of a Prepare that containerd answers `Unavailable`: ~10 s, the
@@ -271,6 +281,66 @@ fn cdesc(media_type: &str, digest: &str, size: u64) -> CDescriptor {
 #[derive(serde::Deserialize)]
 struct ImageConfig {
     rootfs: RootFs,
+    #[serde(default)]
+    os: Option<String>,
+    #[serde(default)]
+    architecture: Option<String>,
+    #[serde(default)]
+    variant: Option<String>,
+}
+
+impl ImageConfig {
+    /// The platform the config declares (`None` if it names no os or architecture).
+    fn platform(&self) -> Option<weenv_registry::Platform> {
+        Some(weenv_registry::Platform {
+            os: self.os.clone()?,
+            architecture: self.architecture.clone()?,
+            variant: self.variant.clone(),
+            ..Default::default()
+        })
+    }
+}
+
+/// `os/arch[/variant]`.
+fn platform_label(os: &str, arch: &str, variant: Option<&str>) -> String {
+    match variant {
+        Some(v) => format!("{os}/{arch}/{v}"),
+        None => format!("{os}/{arch}"),
+    }
+}
+
+/// The platforms an index offers, for messages.
+fn available_platforms(ix: &weenv_registry::ImageIndex) -> String {
+    let v: Vec<String> = ix
+        .manifests
+        .iter()
+        .filter_map(|d| d.platform.as_ref())
+        .map(|p| platform_label(&p.os, &p.architecture, p.variant.as_deref()))
+        .collect();
+    if v.is_empty() {
+        "none".into()
+    } else {
+        v.join(", ")
+    }
+}
+
+/// A plain (single-platform) manifest must be for the requested platform, as its config
+/// declares it (like containerd's platform matcher; a config naming no platform passes).
+fn check_config_platform(
+    cfg: &ImageConfig,
+    reference: &str,
+    (os, arch, variant): (&str, &str, Option<&str>),
+) -> Result<(), PullError> {
+    match cfg.platform() {
+        Some(p) if !weenv_registry::platform_matches(&p, os, arch, variant) => {
+            Err(PullError::WrongPlatform {
+                reference: reference.to_string(),
+                requested: platform_label(os, arch, variant),
+                available: platform_label(&p.os, &p.architecture, p.variant.as_deref()),
+            })
+        }
+        _ => Ok(()),
+    }
 }
 #[derive(serde::Deserialize)]
 struct RootFs {
@@ -334,13 +404,14 @@ async fn pull_leased(
         }
         None => (os.to_string(), arch.to_string(), None),
     };
-    let (manifest, mblob) = match top.parse()? {
-        Manifest::Image(m) => (m, top.clone()),
+    let (manifest, mblob, single) = match top.parse()? {
+        Manifest::Image(m) => (m, top.clone(), true),
         Manifest::Index(ix) => {
             let d = select_platform(&ix, &pos, &parch, pvar.as_deref()).ok_or_else(|| {
                 PullError::NoPlatform {
                     reference: r.to_string(),
-                    platform: format!("{pos}/{parch}"),
+                    platform: platform_label(&pos, &parch, pvar.as_deref()),
+                    available: available_platforms(&ix),
                 }
             })?;
             let mb = registry
@@ -351,11 +422,12 @@ async fn pull_leased(
                 Manifest::Index(_) => {
                     return Err(PullError::NoPlatform {
                         reference: r.to_string(),
-                        platform: "nested index".into(),
+                        platform: platform_label(&pos, &parch, pvar.as_deref()),
+                        available: format!("{} is itself an index (not supported)", d.digest),
                     })
                 }
             };
-            (m, mb)
+            (m, mb, false)
         }
     };
     let cfg_bytes = registry.get_blob(r, &manifest.config.digest).await?;
@@ -363,6 +435,9 @@ async fn pull_leased(
         digest: manifest.config.digest.to_string(),
         message: e.to_string(),
     })?;
+    if single {
+        check_config_platform(&cfg, &r.to_string(), (&pos, &parch, pvar.as_deref()))?;
+    }
     if cfg.rootfs.diff_ids.len() != manifest.layers.len() {
         return Err(PullError::Config {
             digest: manifest.config.digest.to_string(),
@@ -590,5 +665,31 @@ mod tests {
         assert_eq!(req.target, "sha256:c");
         assert!(l[LABEL_CRI_IMAGE_LAYERS].len() <= 4096);
         assert!(l[LABEL_CRI_IMAGE_LAYERS].starts_with(&many[0]));
+    }
+
+    #[test]
+    fn a_single_platform_image_must_be_for_the_requested_platform() {
+        let cfg = |os: &str, arch: &str| ImageConfig {
+            rootfs: RootFs { diff_ids: vec![] },
+            os: Some(os.into()),
+            architecture: Some(arch.into()),
+            variant: None,
+        };
+        let amd64 = cfg("linux", "amd64");
+        let err = check_config_platform(&amd64, "r/x:1", ("linux", "s390x", None))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("linux/s390x") && err.contains("linux/amd64") && err.contains("r/x:1"),
+            "{err}"
+        );
+        check_config_platform(&amd64, "r", ("linux", "x86_64", None)).unwrap();
+        check_config_platform(&cfg("linux", "arm64"), "r", ("linux", "arm64", Some("v8"))).unwrap();
+        // A config naming no platform is not refused.
+        let none = ImageConfig {
+            os: None,
+            ..cfg("linux", "amd64")
+        };
+        check_config_platform(&none, "r", ("linux", "s390x", None)).unwrap();
     }
 }
