@@ -10,7 +10,7 @@ use crate::reference::Reference;
 use crate::retry::{next_delay, random_jitter, Outcome};
 use crate::stats::Kind;
 use bytes::Bytes;
-use reqwest::header::RANGE;
+use reqwest::header::{CACHE_CONTROL, RANGE};
 use reqwest::{Method, Response};
 use sha2::{Digest as _, Sha256};
 use std::sync::atomic::Ordering;
@@ -254,6 +254,30 @@ impl Client {
         offset: u64,
         len: u64,
     ) -> Result<Bytes, RegistryError> {
+        self.get_blob_range_with(r, d, offset, len, false).await
+    }
+
+    /// [`Client::get_blob_range`] with `Cache-Control: no-cache`, so HTTP caches between us
+    /// and the registry revalidate instead of answering from what they hold: the refetch
+    /// after bytes failed verification.
+    pub async fn get_blob_range_no_cache(
+        &self,
+        r: &Reference,
+        d: &Digest,
+        offset: u64,
+        len: u64,
+    ) -> Result<Bytes, RegistryError> {
+        self.get_blob_range_with(r, d, offset, len, true).await
+    }
+
+    async fn get_blob_range_with(
+        &self,
+        r: &Reference,
+        d: &Digest,
+        offset: u64,
+        len: u64,
+        no_cache: bool,
+    ) -> Result<Bytes, RegistryError> {
         let bad = |detail: String| RegistryError::BadRange {
             digest: d.to_string(),
             offset,
@@ -266,7 +290,11 @@ impl Client {
         let range = range_header(offset, len).ok_or_else(|| bad("range overflows u64".into()))?;
         let mut attempt = 0;
         loop {
-            let req = Self::blob_req(r, d, Method::GET, Kind::RangeGet).header(RANGE, &range)?;
+            let mut req =
+                Self::blob_req(r, d, Method::GET, Kind::RangeGet).header(RANGE, &range)?;
+            if no_cache {
+                req = req.header(CACHE_CONTROL, "no-cache")?;
+            }
             let (resp, ep) = self.execute(r.registry(), Capability::Pull, &req).await?;
             let res = match resp.status().as_u16() {
                 206 => {

@@ -1,9 +1,12 @@
 //! [`FrameStore`]: verified frames by index, from L1, L2 or the layer's source.
 //!
 //! Contract:
-//! - every frame returned or cached matched its TOC digest (`decode_frame`); a mismatch fails
-//!   the read (the caller answers EIO), is counted and logged (rate-limited), caches nothing,
-//!   and the next read fetches again;
+//! - every frame returned or cached matched its TOC digest (`decode_frame`); on a mismatch the
+//!   frame is fetched once more straight from the source (no cache can hold it: only verified
+//!   frames are cached; the source is asked to bypass its own, e.g. HTTP caches) and served if
+//!   that verifies; a second mismatch fails the read (the caller answers EIO). Every mismatch
+//!   is counted; one log line per event names layer and frame (rate-limited); bad bytes are
+//!   never cached, and the next read fetches again;
 //! - single flight: concurrent misses of one frame digest cause one fetch; the claimer
 //!   publishes the result on a `watch` channel that waiters subscribe to; no lock is held
 //!   across an await (the in-flight map is locked only to claim or join);
@@ -38,6 +41,14 @@ pub enum Priority {
 }
 
 type Slot = Option<Result<Bytes, FetchError>>;
+
+/// Why a frame's bytes gave no frame: they failed verification (`Bad`, with the reason), or
+/// something else failed.
+enum Unverified {
+    Bad(String),
+    Failed(FetchError),
+}
+use Unverified::{Bad, Failed};
 
 /// Quiet time still to wait at `now` when the last demand was at `last`. Pure.
 pub fn quiet_left(now: Duration, last: Duration, quiet: Duration) -> Duration {
@@ -369,7 +380,11 @@ impl FrameStore {
         };
         for (idx, claims) in group {
             let r = match frames.get(idx.0 as usize) {
-                Some(f) => self.verify_and_cache(f, &blob, req.offset, prio).await,
+                Some(f) => match self.verify_and_cache(f, &blob, req.offset, prio).await {
+                    Err(Bad(reason)) => self.refetch_once(f, idx, source, prio, &reason).await,
+                    Ok(b) => Ok(b),
+                    Err(Failed(e)) => Err(e),
+                },
                 None => Err(FetchError::BadFrameIndex {
                     index: idx.0,
                     frames: frames.len(),
@@ -389,20 +404,67 @@ impl FrameStore {
         out
     }
 
+    /// One more fetch of frame `f` (index `idx`) straight from the source, bypassing the
+    /// caches (L1/L2 never held it: only verified frames are cached) and any cache inside the
+    /// source ([`BlobSource::read_range_fresh`]), after its bytes failed verification with
+    /// `first`. Serves and caches it only if it verifies now; otherwise the read gets EIO.
+    async fn refetch_once(
+        &self,
+        f: &Frame,
+        idx: FrameIdx,
+        source: &Arc<dyn BlobSource>,
+        prio: Priority,
+        first: &str,
+    ) -> Result<Bytes, FetchError> {
+        let layer = source.name();
+        self.metrics.range_requests.fetch_add(1, Ordering::Relaxed);
+        let t0 = Instant::now();
+        let res = source.read_range_fresh(f.offset, f.clen).await;
+        self.metrics.observe_fetch_latency(t0.elapsed());
+        let second = match res {
+            Ok(b) if b.len() as u64 == f.clen => {
+                match self.verify_and_cache(f, &b, f.offset, prio).await {
+                    Ok(b) => {
+                        if self.may_log() {
+                            tracing::warn!(layer, frame = idx.0, digest = %f.digest, offset = f.offset, reason = first, "frame failed verification; the refetch verified and is served (further messages this second not logged)");
+                        }
+                        return Ok(b);
+                    }
+                    Err(Bad(reason)) => reason,
+                    Err(Failed(e)) => return Err(e),
+                }
+            }
+            Ok(b) => format!("refetch returned {} of {} bytes", b.len(), f.clen),
+            Err(e) => format!("refetch failed: {e}"),
+        };
+        if self.may_log() {
+            tracing::error!(layer, frame = idx.0, digest = %f.digest, offset = f.offset, first, second, "frame failed verification, and again after a refetch; reads of it get EIO (further messages this second not logged)");
+        }
+        Err(FetchError::Verify {
+            layer,
+            index: idx.0,
+            frame: f.digest.clone(),
+            offset: f.offset,
+            reason: first.to_string(),
+        })
+    }
+
+    /// Decode and verify frame `f` from `blob` (which starts at blob offset `base`); cache it
+    /// if it verifies. A verification failure is counted, caches nothing and is `Bad`.
     async fn verify_and_cache(
         &self,
         f: &Frame,
         blob: &Bytes,
         base: u64,
         prio: Priority,
-    ) -> Result<Bytes, FetchError> {
+    ) -> Result<Bytes, Unverified> {
         let start = usize::try_from(f.offset.saturating_sub(base)).unwrap_or(usize::MAX);
         let end = start.saturating_add(usize::try_from(f.clen).unwrap_or(usize::MAX));
         let Some(compressed) = blob.get(start..end) else {
-            return Err(FetchError::Stopped(format!(
+            return Err(Failed(FetchError::Stopped(format!(
                 "frame at {} outside its request",
                 f.offset
-            )));
+            ))));
         };
         let compressed = blob.slice_ref(compressed);
         let frame = f.clone();
@@ -410,7 +472,7 @@ impl FrameStore {
             weenv_format::frame::decode_frame(&frame, &compressed).map_err(|e| e.to_string())
         })
         .await
-        .map_err(|e| FetchError::Stopped(e.to_string()))?;
+        .map_err(|e| Failed(FetchError::Stopped(e.to_string())))?;
         match decoded {
             Ok(v) => {
                 let b = Bytes::from(v);
@@ -427,12 +489,7 @@ impl FrameStore {
                 self.metrics
                     .verification_failures
                     .fetch_add(1, Ordering::Relaxed);
-                self.log_verify_failure(f, &reason);
-                Err(FetchError::Verify {
-                    frame: f.digest.clone(),
-                    offset: f.offset,
-                    reason,
-                })
+                Err(Bad(reason))
             }
         }
     }
@@ -446,12 +503,6 @@ impl FrameStore {
                 .last_log
                 .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
                 .is_ok()
-    }
-
-    fn log_verify_failure(&self, f: &Frame, reason: &str) {
-        if self.may_log() {
-            tracing::error!(frame = %f.digest, offset = f.offset, reason, "frame failed verification; serving EIO, will refetch (further errors this second not logged)");
-        }
     }
 }
 
@@ -582,10 +633,12 @@ mod tests {
             .get_frames(&fx.toc.frames, &s, &[FrameIdx(1)], Priority::OnDemand)
             .await
             .unwrap_err();
-        assert!(matches!(err, FetchError::Verify { .. }), "{err}");
+        assert!(matches!(err, FetchError::Verify { index: 1, .. }), "{err}");
         assert!(!fx.store.l1().contains(&f1.digest));
         assert!(!fx.store.l2().contains(&f1.digest));
-        assert_eq!(fx.metrics.verification_failures.load(Ordering::Relaxed), 1);
+        // Fetched, refetched once, both bad.
+        assert_eq!(fx.metrics.verification_failures.load(Ordering::Relaxed), 2);
+        assert_eq!(src.requests().len(), 2);
         // Still bad: fetched again, fails again.
         assert!(fx
             .store
@@ -599,8 +652,58 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(ok[0].len() as u64, f1.ulen);
-        assert_eq!(src.requests().len(), 3);
+        assert_eq!(src.requests().len(), 5);
         assert!(fx.store.l2().contains(&f1.digest));
+    }
+
+    #[tokio::test]
+    async fn corrupt_bytes_once_are_refetched_bypassing_caches_and_the_read_succeeds() {
+        use crate::fetch::testutil::CorruptFirst;
+        let (fx, blob) = fixture(None);
+        let good = blob.clone();
+        let src = CorruptFirst::new(MemSource::new(blob), 1);
+        let s: Arc<dyn BlobSource> = src.clone();
+        let f1 = fx.toc.frames[1].clone();
+        let got = fx
+            .store
+            .get_frames(&fx.toc.frames, &s, &[FrameIdx(1)], Priority::OnDemand)
+            .await
+            .unwrap();
+        let want = weenv_format::frame::decode_frame(
+            &f1,
+            &good[f1.offset as usize..(f1.offset + f1.clen) as usize],
+        )
+        .unwrap();
+        assert_eq!(&got[0][..], &want[..], "the verified refetch is served");
+        assert_eq!(*src.fresh.lock(), vec![false, true], "one refetch, fresh");
+        assert_eq!(fx.metrics.verification_failures.load(Ordering::Relaxed), 1);
+        assert!(
+            fx.store.l2().contains(&f1.digest),
+            "the good frame is cached"
+        );
+
+        // Bad twice: EIO (a Verify error), nothing cached, exactly one refetch.
+        let (fx, blob) = fixture(None);
+        let src = CorruptFirst::new(MemSource::new(blob), 2);
+        let s: Arc<dyn BlobSource> = src.clone();
+        let err = fx
+            .store
+            .get_frames(&fx.toc.frames, &s, &[FrameIdx(1)], Priority::OnDemand)
+            .await
+            .unwrap_err();
+        assert_eq!(err.errno(), fuser::Errno::EIO);
+        let msg = err.to_string();
+        assert!(
+            msg.contains("frame 1") && msg.contains("corrupt-first"),
+            "{msg}"
+        );
+        assert_eq!(*src.fresh.lock(), vec![false, true]);
+        assert!(!fx.store.l1().contains(&f1.digest) && !fx.store.l2().contains(&f1.digest));
+        // The next read fetches again and succeeds.
+        fx.store
+            .get_frames(&fx.toc.frames, &s, &[FrameIdx(1)], Priority::OnDemand)
+            .await
+            .unwrap();
     }
 
     #[tokio::test]

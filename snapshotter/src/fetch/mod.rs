@@ -42,8 +42,10 @@ pub enum FetchError {
         expected: u64,
         actual: u64,
     },
-    #[error("frame {frame} (at blob offset {offset}) failed verification: {reason}; not cached, will be refetched")]
+    #[error("frame {index} ({frame}, at blob offset {offset}) of {layer} failed verification twice (fetched, then refetched bypassing the caches): {reason}; nothing was cached or served, the next read fetches it again")]
     Verify {
+        layer: String,
+        index: u32,
         frame: Digest,
         offset: u64,
         reason: String,

@@ -15,6 +15,11 @@ use std::sync::Arc;
 pub trait BlobSource: Send + Sync {
     /// Exactly `len` bytes at `offset` (an error if the blob is shorter).
     async fn read_range(&self, offset: u64, len: u64) -> Result<Bytes, FetchError>;
+    /// [`BlobSource::read_range`], bypassing any cache the source has on the way (used once
+    /// after bytes failed verification). Default: `read_range`.
+    async fn read_range_fresh(&self, offset: u64, len: u64) -> Result<Bytes, FetchError> {
+        self.read_range(offset, len).await
+    }
     /// Blob size in bytes.
     fn size(&self) -> u64;
     /// Human-readable name for errors and logs (e.g. `registry/repo@sha256:..`).
@@ -103,6 +108,15 @@ impl RegistryBlobSource {
             size,
         }
     }
+
+    fn error(&self, offset: u64, len: u64, e: weenv_registry::RegistryError) -> FetchError {
+        FetchError::Source {
+            source_name: self.name(),
+            offset,
+            len,
+            reason: e.to_string(),
+        }
+    }
 }
 
 #[async_trait]
@@ -111,12 +125,15 @@ impl BlobSource for RegistryBlobSource {
         self.client
             .get_blob_range(&self.reference, &self.digest, offset, len)
             .await
-            .map_err(|e| FetchError::Source {
-                source_name: self.name(),
-                offset,
-                len,
-                reason: e.to_string(),
-            })
+            .map_err(|e| self.error(offset, len, e))
+    }
+
+    /// With `Cache-Control: no-cache`: HTTP caches on the way revalidate.
+    async fn read_range_fresh(&self, offset: u64, len: u64) -> Result<Bytes, FetchError> {
+        self.client
+            .get_blob_range_no_cache(&self.reference, &self.digest, offset, len)
+            .await
+            .map_err(|e| self.error(offset, len, e))
     }
 
     fn size(&self) -> u64 {
@@ -164,6 +181,11 @@ impl<S: BlobSource> BlobSource for CountingSource<S> {
     async fn read_range(&self, offset: u64, len: u64) -> Result<Bytes, FetchError> {
         self.log.lock().push((offset, len));
         self.inner.read_range(offset, len).await
+    }
+
+    async fn read_range_fresh(&self, offset: u64, len: u64) -> Result<Bytes, FetchError> {
+        self.log.lock().push((offset, len));
+        self.inner.read_range_fresh(offset, len).await
     }
 
     fn size(&self) -> u64 {

@@ -146,6 +146,56 @@ impl BlobSource for MemSource {
     }
 }
 
+/// A source that returns bytes with one bit flipped for the first `bad` reads (a flaky
+/// network, cache or mirror), and records which reads asked to bypass caches.
+pub struct CorruptFirst {
+    pub inner: Arc<MemSource>,
+    pub bad: std::sync::atomic::AtomicUsize,
+    /// `true` for each [`BlobSource::read_range_fresh`] call, `false` for a plain read.
+    pub fresh: Mutex<Vec<bool>>,
+}
+
+impl CorruptFirst {
+    pub fn new(inner: Arc<MemSource>, bad: usize) -> Arc<Self> {
+        Arc::new(CorruptFirst {
+            inner,
+            bad: bad.into(),
+            fresh: Mutex::new(Vec::new()),
+        })
+    }
+
+    async fn read(&self, offset: u64, len: u64, fresh: bool) -> Result<Bytes, FetchError> {
+        use std::sync::atomic::Ordering;
+        self.fresh.lock().push(fresh);
+        let b = self.inner.read_range(offset, len).await?;
+        let left = self.bad.load(Ordering::SeqCst);
+        if left == 0 || b.is_empty() {
+            return Ok(b);
+        }
+        self.bad.store(left - 1, Ordering::SeqCst);
+        let mut v = b.to_vec();
+        let mid = v.len() / 2;
+        v[mid] ^= 0x10;
+        Ok(Bytes::from(v))
+    }
+}
+
+#[async_trait]
+impl BlobSource for CorruptFirst {
+    async fn read_range(&self, offset: u64, len: u64) -> Result<Bytes, FetchError> {
+        self.read(offset, len, false).await
+    }
+    async fn read_range_fresh(&self, offset: u64, len: u64) -> Result<Bytes, FetchError> {
+        self.read(offset, len, true).await
+    }
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+    fn name(&self) -> String {
+        "corrupt-first".into()
+    }
+}
+
 /// A layer of six 3000-byte noise files in 4 KiB frames, and a frame store with a fresh L2
 /// (in the returned temp dir) and 1 MiB L1: (toc, blob, store, metrics, dir).
 pub fn six_file_store() -> (
