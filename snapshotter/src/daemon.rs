@@ -5,6 +5,7 @@
 
 use crate::config::Config;
 use crate::fetch::FillConfig;
+use crate::fs::trust::TrustEvent;
 use crate::http::{self, Observable};
 use crate::layers::{LayerStore, LayerStoreConfig};
 use crate::metrics::Metrics;
@@ -128,6 +129,18 @@ pub async fn run(cfg: Config) -> Result<(), DaemonError> {
         tokio::runtime::Handle::current(),
         metrics.clone(),
     )?;
+    {
+        let store = store.clone();
+        layers.set_quarantine_persist(Box::new(move |d, ev| {
+            let res = store.update_layer(d.as_str(), |r| match ev {
+                TrustEvent::Quarantined(reason) => r.quarantined = Some(reason.to_string()),
+                TrustEvent::Verified => r.verified = true,
+            });
+            if let Err(e) = res {
+                error!(layer = %d, error = %e, "cannot persist the layer's trust state");
+            }
+        }));
+    }
     let registry = weenv_registry::Client::new(cfg.registry_config())?;
     let provider: Arc<dyn LayerProvider> = Arc::new(WeenvLayers::new(
         store.clone(),

@@ -31,6 +31,7 @@ use crate::fetch::{run_prefetch, BlobSource, FillConfig, FillShared, FillState, 
 use crate::fs::layer::{Layer, ROOT_INO};
 use crate::fs::ops::{FsState, Layers};
 use crate::fs::passthrough::Passthrough;
+use crate::fs::trust::{check_complete, PersistFn, QuarantineHook};
 use crate::fs::WeenvFs;
 use crate::metrics::Metrics;
 use fuser::{BackgroundSession, Config, INodeNo, MountOption, Notifier, SessionACL};
@@ -117,6 +118,12 @@ pub struct LayerStatus {
     /// Of those, frames in L2.
     pub prefetch_done: u64,
     pub prefetch_error: Option<String>,
+    /// The diff_id the image claims for the layer.
+    pub claimed_diff_id: Option<Digest>,
+    /// The completion check (stream sha256 = claimed diff_id) passed.
+    pub verified: bool,
+    /// Why the layer is quarantined (reads fail with EIO), if it is.
+    pub quarantined: Option<String>,
 }
 
 /// The node's layers behind one FUSE session.
@@ -169,10 +176,11 @@ impl LayerStore {
         let st = Arc::new(FsState {
             layers: RwLock::new(Layers::default()),
             store,
-            metrics,
             rt,
             fill: cfg.fill.clone(),
             passthrough: Passthrough::new(cfg.passthrough),
+            quarantine: Arc::new(QuarantineHook::new(metrics.clone())),
+            metrics,
             ttl: Duration::from_secs(24 * 3600),
             root_ttl: Duration::from_secs(1),
             mounted_at: SystemTime::now(),
@@ -225,6 +233,18 @@ impl LayerStore {
         toc: Arc<Toc>,
         source: Arc<dyn BlobSource>,
     ) -> Result<PathBuf, LayerError> {
+        self.add_layer_claimed(digest, toc, source, None)
+    }
+
+    /// [`Self::add_layer`] for a layer whose image claims diff_id `claim`: the completion
+    /// check compares the stream's sha256 with it and quarantines the layer on a mismatch.
+    pub fn add_layer_claimed(
+        &self,
+        digest: &Digest,
+        toc: Arc<Toc>,
+        source: Arc<dyn BlobSource>,
+        claim: Option<Digest>,
+    ) -> Result<PathBuf, LayerError> {
         if self.session.lock().is_none() {
             return Err(LayerError::ShutDown);
         }
@@ -258,6 +278,7 @@ impl LayerStore {
                 l.clone() // raced with another add_layer
             } else {
                 let l = Arc::new(Layer::new(digest.clone(), slot, toc, source));
+                l.trust.bind(self.st.quarantine.clone(), claim);
                 g.by_slot[slot as usize] = Some(l.clone());
                 l
             }
@@ -265,21 +286,39 @@ impl LayerStore {
         if self.cfg.fill.enabled {
             let mut fills = self.fills.lock();
             if !fills.contains_key(digest) {
-                let after: Option<AfterFill> = (self.cfg.passthrough
-                    && self.cfg.fill.materialise_min_bytes != u64::MAX)
-                    .then(|| {
-                        let (st, layer) = (self.st.clone(), layer.clone());
-                        let min = self.cfg.fill.materialise_min_bytes;
-                        Box::new(move || {
-                            if !st.passthrough.active() {
-                                return;
+                // After the fill, before it reports Done: the completion check, then (if
+                // the layer passed) the complete-file copies for passthrough.
+                let after: Option<AfterFill> = {
+                    let (st, layer) = (self.st.clone(), layer.clone());
+                    let min = (self.cfg.passthrough
+                        && self.cfg.fill.materialise_min_bytes != u64::MAX)
+                        .then_some(self.cfg.fill.materialise_min_bytes);
+                    Some(Box::new(move || {
+                        let checked = st.rt.block_on(check_complete(
+                            &st.store,
+                            &layer.toc,
+                            &layer.source,
+                            &layer.digest,
+                            &layer.trust,
+                            &st.metrics,
+                        ));
+                        if let Err(e) = checked {
+                            tracing::warn!(error = %e, layer = %layer.digest, "completion check could not read every frame; it runs again after the next fill");
+                        }
+                        let Some(min) = min else { return };
+                        if !st.passthrough.active() || layer.quarantined() {
+                            return;
+                        }
+                        match st.passthrough.materialise_layer(st.store.l2(), &layer, min) {
+                            Ok(n) => {
+                                tracing::debug!(layer = %layer.digest, files = n, "complete files materialised")
                             }
-                            match st.passthrough.materialise_layer(st.store.l2(), &layer, min) {
-                                Ok(n) => tracing::debug!(layer = %layer.digest, files = n, "complete files materialised"),
-                                Err(e) => tracing::warn!(error = %e, layer = %layer.digest, "materialising complete files failed; they are copied on first open"),
+                            Err(e) => {
+                                tracing::warn!(error = %e, layer = %layer.digest, "materialising complete files failed; they are copied on first open")
                             }
-                        }) as AfterFill
-                    });
+                        }
+                    }) as AfterFill)
+                };
                 let h = self.st.rt.spawn(run_fill(
                     self.st.store.clone(),
                     layer.toc.clone(),
@@ -322,6 +361,39 @@ impl LayerStore {
             self.cfg.fill.prefetch_concurrency,
             layer.prefetch.clone(),
         ));
+    }
+
+    /// Persist quarantines with `f` (the daemon's metadata store) from now on.
+    pub fn set_quarantine_persist(&self, f: PersistFn) {
+        self.st.quarantine.set_persist(f);
+    }
+
+    /// Quarantines exposed layer `digest`: every read of its files fails with EIO from now
+    /// on; the reason is logged with the digest, counted and persisted (first reason wins).
+    pub fn quarantine(&self, digest: &Digest, reason: String) {
+        if let Some(l) = self.layer(digest) {
+            l.quarantine(reason);
+        }
+    }
+
+    /// Re-applies a quarantine read from the store (after a restart; not counted again).
+    pub fn restore_quarantine(&self, digest: &Digest, reason: String) {
+        if let Some(l) = self.layer(digest) {
+            l.trust.restore(reason);
+        }
+    }
+
+    /// Why exposed layer `digest` is quarantined, if it is.
+    pub fn quarantine_reason(&self, digest: &Digest) -> Option<String> {
+        self.layer(digest).and_then(|l| l.trust.reason())
+    }
+
+    /// Records the diff_id claimed for exposed layer `digest` (a layer exposed before its
+    /// claim was known: records of older daemons).
+    pub fn set_claim(&self, digest: &Digest, claim: &Digest) {
+        if let Some(l) = self.layer(digest) {
+            l.trust.set_claim(claim.clone());
+        }
     }
 
     /// The TOC of exposed layer `digest`.
@@ -427,6 +499,9 @@ impl LayerStore {
                     prefetch_frames: l.prefetch.frames_total.load(Ordering::Relaxed),
                     prefetch_done: l.prefetch.frames_done.load(Ordering::Relaxed),
                     prefetch_error: l.prefetch.last_error(),
+                    claimed_diff_id: l.trust.claim(),
+                    verified: l.trust.verified(),
+                    quarantined: l.trust.reason(),
                 }
             })
             .collect()

@@ -98,6 +98,13 @@ pub struct Metrics {
     pub read_bytes_served: AtomicU64,
     /// Opens answered with FUSE passthrough.
     pub passthrough_opens: AtomicU64,
+    /// Layers quarantined (their TOC disagreed with their tar, or their diff_id with the
+    /// image's claim): reads of their files fail with EIO.
+    pub layers_quarantined: AtomicU64,
+    /// TOC entries whose tar header was checked before being served.
+    pub header_checks: AtomicU64,
+    /// Layers whose completion check (full tar walk + diff_id) passed.
+    pub layers_verified: AtomicU64,
     fuse_ops: [AtomicU64; 13],
     fuse_errors: [AtomicU64; 13],
     latency_buckets: [AtomicU64; 12],
@@ -152,7 +159,7 @@ impl Metrics {
     /// Prometheus text exposition (version 0.0.4).
     pub fn render(&self) -> String {
         let mut s = String::new();
-        let counters: [(&str, &str, &AtomicU64); 14] = [
+        let counters: [(&str, &str, &AtomicU64); 17] = [
             (
                 "weenv_fetch_bytes_on_demand_total",
                 "Compressed bytes fetched for on-demand reads.",
@@ -217,6 +224,21 @@ impl Metrics {
                 "weenv_passthrough_opens_total",
                 "Opens answered with FUSE passthrough.",
                 &self.passthrough_opens,
+            ),
+            (
+                "weenv_layer_quarantined_total",
+                "Layers quarantined: TOC and tar disagree, or the diff_id is not the claimed one.",
+                &self.layers_quarantined,
+            ),
+            (
+                "weenv_header_checks_total",
+                "TOC entries whose tar header was checked before they were served.",
+                &self.header_checks,
+            ),
+            (
+                "weenv_layer_verified_total",
+                "Layers whose completion check (tar walk + diff_id) passed.",
+                &self.layers_verified,
             ),
             (
                 "weenv_fetch_latency_observations_total",

@@ -64,6 +64,13 @@ pub enum PullError {
         requested: String,
         available: String,
     },
+    /// What containerd's own unpacker says ("wrong diff id calculated on extraction").
+    #[error("layer {layer}: wrong diff_id calculated on extraction: the image config claims {claimed}, the layer is {actual}")]
+    WrongDiffId {
+        layer: String,
+        claimed: String,
+        actual: String,
+    },
 }
 
 /// Retries (250 ms apart) of a Prepare that containerd answers `Unavailable`: ~10 s, the
@@ -79,13 +86,18 @@ fn ctd(op: &'static str) -> impl FnOnce(tonic::Status) -> PullError {
 pub fn chain_ids(diff_ids: &[String]) -> Vec<String> {
     let mut out: Vec<String> = Vec::with_capacity(diff_ids.len());
     for d in diff_ids {
-        let next = match out.last() {
-            None => d.clone(),
-            Some(prev) => Digest::sha256(format!("{prev} {d}").as_bytes()).to_string(),
-        };
+        let next = chain_id(out.last().map(String::as_str), d);
         out.push(next);
     }
     out
+}
+
+/// Chain id of a layer with diff id `diff_id` on top of chain `parent` (`None`: a base layer).
+pub fn chain_id(parent: Option<&str>, diff_id: &str) -> String {
+    match parent {
+        None => diff_id.to_string(),
+        Some(prev) => Digest::sha256(format!("{prev} {diff_id}").as_bytes()).to_string(),
+    }
 }
 
 /// Labels on the Prepare of layer `i`.
@@ -278,9 +290,10 @@ fn cdesc(media_type: &str, digest: &str, size: u64) -> CDescriptor {
     }
 }
 
+/// What `weenv pull` and the daemon read from an image config.
 #[derive(serde::Deserialize)]
-struct ImageConfig {
-    rootfs: RootFs,
+pub(crate) struct ImageConfig {
+    pub(crate) rootfs: RootFs,
     #[serde(default)]
     os: Option<String>,
     #[serde(default)]
@@ -343,8 +356,8 @@ fn check_config_platform(
     }
 }
 #[derive(serde::Deserialize)]
-struct RootFs {
-    diff_ids: Vec<String>,
+pub(crate) struct RootFs {
+    pub(crate) diff_ids: Vec<String>,
 }
 
 /// Pull `reference` into containerd at `channel`.
@@ -438,19 +451,20 @@ async fn pull_leased(
     if single {
         check_config_platform(&cfg, &r.to_string(), (&pos, &parch, pvar.as_deref()))?;
     }
-    if cfg.rootfs.diff_ids.len() != manifest.layers.len() {
+    let diff_ids = &cfg.rootfs.diff_ids;
+    if diff_ids.len() != manifest.layers.len() {
         return Err(PullError::Config {
             digest: manifest.config.digest.to_string(),
             message: format!(
                 "{} diff_ids for {} layers",
-                cfg.rootfs.diff_ids.len(),
+                diff_ids.len(),
                 manifest.layers.len()
             ),
         });
     }
     c.write_content(manifest.config.digest.as_str(), cfg_bytes)
         .await?;
-    let chains = chain_ids(&cfg.rootfs.diff_ids);
+    let chains = chain_ids(diff_ids);
     let layer_digests: Vec<String> = manifest
         .layers
         .iter()
@@ -521,7 +535,9 @@ async fn pull_leased(
             Err(s) => return Err(ctd("snapshot prepare")(s)),
             Ok(resp) => {
                 let mounts = resp.into_inner().mounts;
-                let applied = apply_layer(registry, c, r, layer, mounts).await;
+                let applied = apply_layer(registry, c, r, layer, mounts)
+                    .await
+                    .and_then(|actual| check_diff_id(layer.digest.as_str(), &diff_ids[i], actual));
                 let done = match applied {
                     Ok(()) => snaps
                         .clone()
@@ -616,19 +632,34 @@ async fn pull_leased(
     Ok(report)
 }
 
+/// The applied layer must be the diff_id the config claims (as containerd's unpacker checks):
+/// an image claiming another image's diff_ids gets no snapshot under that image's chain ids.
+fn check_diff_id(layer: &str, claimed: &str, actual: Option<String>) -> Result<(), PullError> {
+    match actual {
+        Some(a) if a == claimed => Ok(()),
+        a => Err(PullError::WrongDiffId {
+            layer: layer.to_string(),
+            claimed: claimed.to_string(),
+            actual: a.unwrap_or_else(|| "unknown (containerd returned no digest)".into()),
+        }),
+    }
+}
+
+/// Fetches the blob into containerd's content store (unless there) and applies it to
+/// `mounts`; returns the digest of the applied (uncompressed) stream.
 async fn apply_layer(
     registry: &Client,
     c: &Ctd,
     r: &Reference,
     layer: &weenv_registry::Descriptor,
     mounts: Vec<containerd_client::types::Mount>,
-) -> Result<(), PullError> {
+) -> Result<Option<String>, PullError> {
     let d = layer.digest.as_str();
     if !c.content_exists(d).await? {
         let blob = registry.get_blob(r, &layer.digest).await?;
         c.write_content(d, blob).await?;
     }
-    DiffClient::new(c.ch.clone())
+    let resp = DiffClient::new(c.ch.clone())
         .apply(c.req(ApplyRequest {
             diff: Some(cdesc(&layer.media_type, d, layer.size)),
             mounts,
@@ -637,7 +668,7 @@ async fn apply_layer(
         }))
         .await
         .map_err(ctd("diff apply"))?;
-    Ok(())
+    Ok(resp.into_inner().applied.map(|a| a.digest))
 }
 
 #[cfg(test)]
@@ -655,6 +686,18 @@ mod tests {
             Digest::sha256(format!("{a} {b}").as_bytes()).to_string()
         );
         assert!(chain_ids(&[]).is_empty());
+    }
+
+    #[test]
+    fn applied_layers_must_be_the_claimed_diff_id() {
+        let a = Digest::sha256(b"a").to_string();
+        let b = Digest::sha256(b"b").to_string();
+        assert!(check_diff_id("sha256:l", &a, Some(a.clone())).is_ok());
+        assert!(matches!(
+            check_diff_id("sha256:l", &a, Some(b)),
+            Err(PullError::WrongDiffId { .. })
+        ));
+        assert!(check_diff_id("sha256:l", &a, None).is_err());
     }
 
     #[test]

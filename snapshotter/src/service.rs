@@ -6,6 +6,7 @@
 //! layer dir. The gRPC adapter (`grpc.rs`) only converts types and errors.
 
 use crate::mounts::{mounts_for, Access, MountSpec};
+use crate::remote::identity::claim_fits_target;
 use crate::remote::{
     LayerProvider, RemoteError, RemoteLayerRequest, LABEL_TARGET, LABEL_WEENV_LAYER,
 };
@@ -19,7 +20,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 use thiserror::Error;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 use weenv_format::Digest;
 
 /// Service errors, mapped to gRPC codes in `grpc.rs`.
@@ -70,6 +71,10 @@ pub struct RemoteCounters {
     pub remote_not_weenv: AtomicU64,
     /// Prepares whose remote path failed (fell back to the ordinary path).
     pub remote_errors: AtomicU64,
+    /// Prepares refused the remote path because the layer's identity did not match (another
+    /// layer under the chain, another claimed diff_id or TOC, a quarantined layer, no claim):
+    /// they took the ordinary path, where containerd checks the diff_id.
+    pub remote_refused: AtomicU64,
 }
 
 impl RemoteCounters {
@@ -83,6 +88,7 @@ impl RemoteCounters {
             ("remote", &self.remote_hits),
             ("not_weenv", &self.remote_not_weenv),
             ("error", &self.remote_errors),
+            ("refused", &self.remote_refused),
         ] {
             out.push_str(&format!(
                 "weenv_remote_prepares_total{{outcome=\"{outcome}\"}} {}\n",
@@ -96,6 +102,8 @@ impl RemoteCounters {
 /// The containerd snapshotter.
 pub struct SnapshotService {
     counters: RemoteCounters,
+    /// Held while a remote snapshot is checked for conflicts and inserted.
+    remote_commit: parking_lot::Mutex<()>,
     store: Arc<MetaStore>,
     snapshots_dir: PathBuf,
     layers: Option<Arc<dyn LayerProvider>>,
@@ -122,6 +130,7 @@ impl SnapshotService {
         std::fs::create_dir_all(&snapshots_dir).map_err(io_err("create", &snapshots_dir))?;
         Ok(Self {
             counters: RemoteCounters::default(),
+            remote_commit: parking_lot::Mutex::new(()),
             store,
             snapshots_dir,
             layers,
@@ -261,6 +270,14 @@ impl SnapshotService {
                         .remote_not_weenv
                         .fetch_add(1, Ordering::Relaxed);
                 }
+                Err(SnapshotError::Remount {
+                    source: RemoteError::Identity { reason, .. },
+                    ..
+                }) => {
+                    self.counters.remote_refused.fetch_add(1, Ordering::Relaxed);
+                    warn!(key, target = %req.target, digest = %req.digest, reason,
+                        "layer not shared lazily; taking the ordinary path")
+                }
                 Err(e) => {
                     self.counters.remote_errors.fetch_add(1, Ordering::Relaxed);
                     warn!(key, digest = %req.digest, error = %e,
@@ -271,6 +288,8 @@ impl SnapshotService {
         self.create_local(key, parent, labels, Kind::Active)
     }
 
+    /// The remote path. `Ok(true)`: a remote snapshot bound to this very layer exists (made
+    /// now or before) under (target, parent); `Ok(false)`: take the ordinary path.
     async fn try_remote(
         &self,
         layers: &dyn LayerProvider,
@@ -279,18 +298,19 @@ impl SnapshotService {
         labels: &HashMap<String, String>,
     ) -> Result<bool, SnapshotError> {
         // containerd looks the snapshot up by (snapshot.ref label, parent) with Walk, so a
-        // committed one with both is the answer; its name does not matter.
-        let recs = self.store.list()?;
-        let hit = |r: &&SnapshotRecord| {
-            r.kind == Kind::Committed
-                && r.parent == parent
-                && r.labels.get(LABEL_TARGET) == Some(&req.target)
-        };
-        if recs.iter().any(|r| hit(&r)) {
-            layers.prefetch(req); // another image may share the layer with its own profile
-            return Ok(true);
+        // committed remote one with both is the answer — if it was made from this layer.
+        match remote_match(&self.store.list()?, &req.target, parent, &req.digest) {
+            RemoteMatch::Same(key) => {
+                if let Some(reason) = layers.quarantined(&req.digest) {
+                    return Err(refused(req, format!("the layer is quarantined: {reason}")));
+                }
+                debug!(key, target = %req.target, "remote snapshot exists");
+                layers.prefetch(req); // another image may share the layer with its own profile
+                return Ok(true);
+            }
+            RemoteMatch::Conflict(other) => return Err(conflict(req, parent, &other)),
+            RemoteMatch::None => {}
         }
-        let name = remote_snapshot_name(&req.target, parent, |k| recs.iter().any(|r| r.key == k));
         if let Some(md) = labels.get(crate::pull::LABEL_CRI_MANIFEST_DIGEST) {
             // Resolved references: which manifest this reference named when it was pulled.
             if let Err(e) = self.store.put_ref(&req.reference, md) {
@@ -307,10 +327,38 @@ impl SnapshotService {
         else {
             return Ok(false);
         };
+        if let Some(claim) = &m.diff_id {
+            // Checked when the parent's chain is known (a base layer, or a parent carrying
+            // its chain label).
+            let parent_chain = self.chain_of(parent)?;
+            let known = parent.is_empty() || parent_chain.is_some();
+            if known && !claim_fits_target(parent_chain.as_deref(), claim, &req.target) {
+                return Err(refused(
+                    req,
+                    format!(
+                        "the image config claims diff_id {claim}, from which chain {} does \
+                         not follow (labels and config of two different images?)",
+                        req.target
+                    ),
+                ));
+            }
+        }
         let mut l = to_btree(labels.clone());
         l.insert(LABEL_TARGET.into(), req.target.clone());
         l.insert(LABEL_WEENV_LAYER.into(), req.digest.to_string());
-        let res = self.store.create(NewSnapshot {
+        // Check and insert under one lock: two Prepares of (target, parent) for different
+        // layers must not both commit a snapshot containerd's Walk could confuse.
+        let _one = self.remote_commit.lock();
+        let recs = self.store.list()?;
+        match remote_match(&recs, &req.target, parent, &req.digest) {
+            RemoteMatch::Same(_) => return Ok(true),
+            RemoteMatch::Conflict(other) => return Err(conflict(req, parent, &other)),
+            RemoteMatch::None => {}
+        }
+        let name = remote_snapshot_name(&req.target, parent, &req.digest, |k| {
+            recs.iter().any(|r| r.key == k)
+        });
+        self.store.create(NewSnapshot {
             key: name,
             parent: parent.to_string(),
             kind: Kind::Committed,
@@ -318,16 +366,26 @@ impl SnapshotService {
             remote: Some(RemoteLayerRef {
                 digest: req.digest.to_string(),
                 dir: m.dir.clone(),
+                toc_digest: m.toc_digest.as_ref().map(|d| d.to_string()),
+                diff_id: m.diff_id.as_ref().map(|d| d.to_string()),
             }),
             usage: (m.size, m.inodes),
             now_nanos: now_nanos(),
-        });
-        match res {
-            Ok(_) | Err(StoreError::AlreadyExists(_)) => {
-                info!(target = %req.target, digest = %req.digest, dir = %m.dir.display(),
-                    "remote snapshot committed");
-                Ok(true)
-            }
+        })?;
+        info!(target = %req.target, digest = %req.digest, dir = %m.dir.display(),
+            "remote snapshot committed");
+        Ok(true)
+    }
+
+    /// The chain id of snapshot `key` when known: a remote snapshot's target label, or an
+    /// ordinary one's `containerd.io/snapshot.ref` label. `None` for `""` or when unknown.
+    fn chain_of(&self, key: &str) -> Result<Option<String>, SnapshotError> {
+        if key.is_empty() {
+            return Ok(None);
+        }
+        match self.store.get(key) {
+            Ok(r) => Ok(r.labels.get(LABEL_TARGET).cloned()),
+            Err(StoreError::NotFound(_)) => Ok(None),
             Err(e) => Err(e.into()),
         }
     }
@@ -404,14 +462,19 @@ impl SnapshotService {
         Ok(())
     }
 
+    /// Snapshots matching `filters`, remote snapshots first: after a Prepare answered
+    /// AlreadyExists, containerd takes the first committed snapshot its Walk finds under
+    /// (target label, parent), and an ordinary snapshot may carry any label its creator chose.
     pub fn walk(&self, filters: &[String]) -> Result<Vec<Info>, SnapshotError> {
         let f = Filter::parse(filters)?;
-        Ok(self
+        let mut out: Vec<Info> = self
             .store
             .list()?
             .into_iter()
             .filter(|r| f.matches(r))
-            .collect())
+            .collect();
+        out.sort_by_key(|r| r.remote.is_none()); // stable: key order within each group
+        Ok(out)
     }
 
     /// Remove directories no snapshot refers to and release unreferenced remote layers.
@@ -449,14 +512,79 @@ impl SnapshotService {
     }
 }
 
-/// Backend name of a remote snapshot: the target chain id, or (when that name is taken by a
-/// snapshot with another parent, e.g. a chain whose lower part was unpacked the ordinary way in
-/// another namespace) the target suffixed with a hash of the parent. Pure.
-pub fn remote_snapshot_name(target: &str, parent: &str, taken: impl Fn(&str) -> bool) -> String {
+/// What the committed remote snapshots say about a Prepare of (`target`, `parent`) for layer
+/// `digest`.
+#[derive(Debug, PartialEq, Eq)]
+pub enum RemoteMatch {
+    /// A remote snapshot of this layer exists under (target, parent): its key.
+    Same(String),
+    /// A remote snapshot of another layer holds (target, parent): its layer digest. The
+    /// Prepare must not get it (the claimed diff_ids of one of the two images are false), and
+    /// no second one may be committed (containerd's Walk could not tell them apart).
+    Conflict(String),
+    None,
+}
+
+/// Finds the committed remote snapshot under (`target`, `parent`) and compares its layer
+/// with `digest`. Ordinary snapshots never match: their content was not made from this
+/// layer. Pure.
+pub fn remote_match(
+    recs: &[SnapshotRecord],
+    target: &str,
+    parent: &str,
+    digest: &Digest,
+) -> RemoteMatch {
+    let under = recs.iter().filter(|r| {
+        r.kind == Kind::Committed
+            && r.parent == parent
+            && r.labels.get(LABEL_TARGET).map(String::as_str) == Some(target)
+    });
+    let mut other = None;
+    for r in under {
+        match &r.remote {
+            Some(rl) if rl.digest == digest.as_str() => return RemoteMatch::Same(r.key.clone()),
+            Some(rl) => other = other.or(Some(rl.digest.clone())),
+            None => {}
+        }
+    }
+    other.map_or(RemoteMatch::None, RemoteMatch::Conflict)
+}
+
+fn refused(req: &RemoteLayerRequest, reason: String) -> SnapshotError {
+    SnapshotError::Remount {
+        digest: req.digest.to_string(),
+        source: RemoteError::Identity {
+            digest: req.digest.to_string(),
+            reason,
+        },
+    }
+}
+
+fn conflict(req: &RemoteLayerRequest, parent: &str, other: &str) -> SnapshotError {
+    refused(
+        req,
+        format!(
+            "chain {} on parent {parent:?} is already a remote snapshot of layer {other}: two \
+             images claim the same diff_ids for different layers",
+            req.target
+        ),
+    )
+}
+
+/// Backend name of a remote snapshot: the target chain id, or (when that name is taken, e.g.
+/// by the same chain on another parent, a chain whose lower part was unpacked the ordinary
+/// way in another namespace) the target suffixed with a hash of the parent and the layer
+/// digest. Pure.
+pub fn remote_snapshot_name(
+    target: &str,
+    parent: &str,
+    digest: &Digest,
+    taken: impl Fn(&str) -> bool,
+) -> String {
     if !taken(target) {
         return target.to_string();
     }
-    let h = Digest::sha256(parent.as_bytes());
+    let h = Digest::sha256(format!("{parent}\n{digest}").as_bytes());
     format!("{target}@{}", &h.hex()[..16])
 }
 

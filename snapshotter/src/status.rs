@@ -35,6 +35,15 @@ pub struct LayerView {
     pub prefetch_done: u64,
     #[serde(default)]
     pub prefetch_error: Option<String>,
+    /// The diff_id the image claims for the layer (unverified until `verified`).
+    #[serde(default)]
+    pub claimed_diff_id: Option<String>,
+    /// The completion check passed: the whole tar stream hashes to the claimed diff_id.
+    #[serde(default)]
+    pub verified: bool,
+    /// Why the layer is quarantined (every read of its files fails with EIO), if it is.
+    #[serde(default)]
+    pub quarantined: Option<String>,
 }
 
 /// Cache usage in bytes.
@@ -95,6 +104,9 @@ pub fn report(store: &MetaStore, layers: &LayerStore) -> StatusReport {
             prefetch_frames: l.prefetch_frames,
             prefetch_done: l.prefetch_done,
             prefetch_error: l.prefetch_error,
+            claimed_diff_id: l.claimed_diff_id.map(|d| d.to_string()),
+            verified: l.verified,
+            quarantined: l.quarantined,
         })
         .collect();
     lv.sort_by(|a, b| a.digest.cmp(&b.digest));
@@ -203,7 +215,17 @@ pub fn render_text(r: &StatusReport) -> String {
         mib(r.cache.disk_used),
         mib(r.cache.disk_capacity)
     );
-    let _ = writeln!(s, "layers: {}", r.layers.len());
+    let quarantined = r.layers.iter().filter(|l| l.quarantined.is_some()).count();
+    let _ = writeln!(
+        s,
+        "layers: {}{}",
+        r.layers.len(),
+        if quarantined > 0 {
+            format!(" ({quarantined} QUARANTINED)")
+        } else {
+            String::new()
+        }
+    );
     for l in &r.layers {
         let pct = if l.bytes_total == 0 {
             100.0
@@ -212,7 +234,7 @@ pub fn render_text(r: &StatusReport) -> String {
         };
         let _ = writeln!(
             s,
-            "  {}  {:>6} entries  {:>9.1} MiB  cached {:5.1}%  fill {}{}{}",
+            "  {}  {:>6} entries  {:>9.1} MiB  cached {:5.1}%  fill {}{}{}{}",
             &l.digest[..l.digest.len().min(19)],
             l.entries,
             mib(l.bytes_total),
@@ -234,8 +256,12 @@ pub fn render_text(r: &StatusReport) -> String {
                 )
             } else {
                 String::new()
-            }
+            },
+            if l.verified { "  verified" } else { "" }
         );
+        if let Some(q) = &l.quarantined {
+            let _ = writeln!(s, "    QUARANTINED (reads fail with EIO): {q}");
+        }
     }
     s
 }
@@ -269,6 +295,9 @@ mod tests {
                 prefetch_frames: 4,
                 prefetch_done: 3,
                 prefetch_error: None,
+                claimed_diff_id: Some("sha256:d".into()),
+                verified: false,
+                quarantined: Some("diff_id mismatch: x".into()),
             }],
             cache: CacheView::default(),
         };
@@ -278,6 +307,22 @@ mod tests {
         assert!(t.contains("cached  50.0%"), "{t}");
         assert!(t.contains("3 committed (2 remote)"));
         assert!(t.contains("prefetch 3/4 frames"), "{t}");
+        assert!(t.contains("layers: 1 (1 QUARANTINED)"), "{t}");
+        assert!(
+            t.contains("QUARANTINED (reads fail with EIO): diff_id mismatch: x"),
+            "{t}"
+        );
+        // a document of an older daemon still parses
+        let old = j
+            .replace(r#","claimed_diff_id":"sha256:d""#, "")
+            .replace(r#","verified":false"#, "")
+            .replace(r#","quarantined":"diff_id mismatch: x""#, "");
+        assert!(!old.contains("quarantined"), "{old}");
+        assert!(
+            serde_json::from_str::<StatusReport>(&old).unwrap().layers[0]
+                .quarantined
+                .is_none()
+        );
     }
 
     fn whole(p: &str) -> FileRead {

@@ -81,6 +81,8 @@ pub struct Layer {
     pub prefetch: Arc<PrefetchProgress>,
     /// Frames a start-up prefetch was started for.
     prefetch_claimed: parking_lot::Mutex<std::collections::BTreeSet<FrameIdx>>,
+    /// Quarantine, claimed diff_id, checks done (see [`super::trust`]).
+    pub trust: super::trust::LayerTrust,
 }
 
 impl Layer {
@@ -102,7 +104,19 @@ impl Layer {
             access_log: parking_lot::Mutex::new(AccessLog::default()),
             prefetch: Arc::new(PrefetchProgress::default()),
             prefetch_claimed: parking_lot::Mutex::new(std::collections::BTreeSet::new()),
+            trust: super::trust::LayerTrust::default(),
         }
+    }
+
+    /// Quarantines the layer: from now on every read of its files fails with EIO; the reason
+    /// is logged with the layer digest, counted and persisted (first reason wins).
+    pub fn quarantine(&self, reason: String) {
+        self.trust.quarantine(&self.digest, reason);
+    }
+
+    /// True once the layer is quarantined.
+    pub fn quarantined(&self) -> bool {
+        self.trust.quarantined()
     }
 
     /// The frames of `wanted` no start-up prefetch was started for yet (now claimed).

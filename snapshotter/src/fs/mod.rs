@@ -4,6 +4,7 @@
 //! - [`layer`]: a mounted layer and the inode numbering.
 //! - [`ops`]: shared state and the `Result<T, Errno>` helpers behind each request.
 //! - [`passthrough`]: complete files handed to the kernel (FUSE passthrough).
+//! - [`trust`]: quarantine, the completion check (diff_id) and the per-entry header checks.
 //!
 //! This module's [`WeenvFs`] only decodes requests, calls a helper and replies. Reads that
 //! miss memory move their `ReplyData` into a tokio task and reply when the frames arrive, so
@@ -14,6 +15,7 @@ pub mod layer;
 pub mod ops;
 pub mod passthrough;
 pub mod readahead;
+pub mod trust;
 
 use crate::metrics::FuseOp;
 use fuser::{
@@ -199,6 +201,10 @@ impl Filesystem for WeenvFs {
         };
         if n.kind != NodeKind::File {
             return reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE);
+        }
+        if layer.quarantined() {
+            op.fail();
+            return reply.error(Errno::EIO);
         }
         // Passthrough only to a complete copy made earlier (after the fill, or in the
         // background after an earlier open): copying a file inside open() put the copy and

@@ -32,6 +32,8 @@ pub struct FsState {
     pub rt: tokio::runtime::Handle,
     pub fill: FillConfig,
     pub passthrough: Passthrough,
+    /// Where layer quarantines are counted and persisted.
+    pub quarantine: Arc<super::trust::QuarantineHook>,
     /// Entry/attr timeout for layer content (immutable).
     pub ttl: Duration,
     /// Attr timeout of the mount root (its listing changes as layers come and go).
@@ -307,6 +309,9 @@ impl FsState {
     /// What reading `size` bytes at `offset` of file `ino` needs.
     pub fn read_plan(&self, ino: u64, offset: u64, size: u32) -> Result<ReadPlan, Errno> {
         let (layer, node) = self.resolve(ino)?;
+        if layer.quarantined() {
+            return Err(Errno::EIO);
+        }
         let entry_chunks = {
             let n = layer.table.node(node).ok_or(Errno::ENOENT)?;
             match n.kind {

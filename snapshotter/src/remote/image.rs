@@ -5,8 +5,10 @@
 //! (`containerd.io/snapshot/cri.manifest-digest`, sent by CRI and `weenv pull`), else by the
 //! image reference — and keeps, per layer: its size, the TOC location hint
 //! (`io.weenv.toc.*`: the TOC is then one ranged GET, no HEAD and no probe) and the start-up
-//! profile (`io.weenv.prefetch.frames`). Manifests named by digest are fetched once
-//! (concurrent Prepares of one image's layers share the request) and kept in memory.
+//! profile (`io.weenv.prefetch.frames`) — and, from the image config (one more small GET), the
+//! diff_id the image claims for it: unverified until the layer is complete, it is part of the
+//! layer's identity (see `provider`). Manifests named by digest are fetched once (concurrent
+//! Prepares of one image's layers share the request) and kept in memory.
 
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -26,23 +28,51 @@ pub struct LayerDesc {
     pub hint: Option<TocHint>,
     /// Start-up profile of this image for the layer (frame ranges).
     pub prefetch: Option<String>,
+    /// The diff_id the image config claims for this layer (unverified). `None` when the config
+    /// could not be read, lists another number of layers, or claims two diff_ids for the
+    /// same blob.
+    pub diff_id: Option<Digest>,
 }
 
 /// The layers of one image manifest, bottom first.
 pub type ImageInfo = Arc<Vec<LayerDesc>>;
 
 /// The layers of `m` with their weenv annotations (malformed hints are dropped: the layer is
-/// then probed as if it had none). Pure.
-pub fn image_info(m: &ImageManifest) -> Vec<LayerDesc> {
+/// then probed as if it had none) and the diff_ids the config claims (`diff_ids`, in layer
+/// order; ignored unless there is exactly one per layer and well formed). Pure.
+pub fn image_info(m: &ImageManifest, diff_ids: Option<&[String]>) -> Vec<LayerDesc> {
+    let claims: Option<Vec<Digest>> = diff_ids
+        .filter(|d| d.len() == m.layers.len())
+        .and_then(|d| d.iter().map(|x| x.parse().ok()).collect());
+    let claim = |i: usize| -> Option<Digest> {
+        let c = claims.as_ref()?;
+        let mine = &c[i];
+        // The same blob twice with two different claims: neither can be right for both.
+        let consistent = m
+            .layers
+            .iter()
+            .zip(c)
+            .all(|(l, d)| l.digest != m.layers[i].digest || d == mine);
+        consistent.then(|| mine.clone())
+    };
     m.layers
         .iter()
-        .map(|l| LayerDesc {
+        .enumerate()
+        .map(|(i, l)| LayerDesc {
             digest: l.digest.clone(),
             size: l.size,
             hint: TocHint::from_annotations(&l.annotations).ok().flatten(),
             prefetch: l.annotations.get(ANNOTATION_PREFETCH).cloned(),
+            diff_id: claim(i),
         })
         .collect()
+}
+
+/// The `rootfs.diff_ids` of an image config (the parse error when it does not parse). Pure.
+pub fn config_diff_ids(config: &[u8]) -> Result<Vec<String>, String> {
+    serde_json::from_slice::<crate::pull::ImageConfig>(config)
+        .map(|c| c.rootfs.diff_ids)
+        .map_err(|e| e.to_string())
 }
 
 /// Manifests kept in [`ImageCache`]; past this the cache starts over (a node that pulls
@@ -89,7 +119,14 @@ async fn fetch(registry: &Client, r: Reference) -> Result<ImageInfo, String> {
         .get_image_manifest(&r, os, arch, None)
         .await
         .map_err(|e| e.to_string())?;
-    Ok(Arc::new(image_info(&m)))
+    let diff_ids = match registry.get_blob(&r, &m.config.digest).await {
+        Ok(b) => config_diff_ids(&b).ok(),
+        Err(e) => {
+            tracing::debug!(reference = %r, error = %e, "image config unreadable: no diff_id claims, no lazy layers");
+            None
+        }
+    };
+    Ok(Arc::new(image_info(&m, diff_ids.as_deref())))
 }
 
 #[cfg(test)]
@@ -121,8 +158,9 @@ mod tests {
             "layers": [l1, l2],
         }))
         .unwrap();
-        let info = image_info(&m);
+        let info = image_info(&m, None);
         assert_eq!(info.len(), 2);
+        assert_eq!(info[0].diff_id, None);
         assert_eq!(info[0].prefetch.as_deref(), Some("0-3"));
         let h = info[0].hint.as_ref().unwrap();
         assert_eq!((h.offset, h.length, &h.digest), (900, 100, &toc));
@@ -131,5 +169,51 @@ mod tests {
             (info[1].hint.as_ref(), info[1].prefetch.as_ref()),
             (None, None)
         );
+        let (a, b) = (
+            Digest::sha256(b"a").to_string(),
+            Digest::sha256(b"b").to_string(),
+        );
+        let info = image_info(&m, Some(&[a.clone(), b.clone()]));
+        assert_eq!(
+            info[0].diff_id.as_ref().map(|d| d.to_string()),
+            Some(a.clone())
+        );
+        assert_eq!(
+            info[1].diff_id.as_ref().map(|d| d.to_string()),
+            Some(b.clone())
+        );
+        // wrong count or malformed: no claims
+        assert!(image_info(&m, Some(std::slice::from_ref(&a)))
+            .iter()
+            .all(|l| l.diff_id.is_none()));
+        assert!(image_info(&m, Some(&[a.clone(), "x".into()]))
+            .iter()
+            .all(|l| l.diff_id.is_none()));
+        let cfg = format!(r#"{{"rootfs":{{"type":"layers","diff_ids":["{a}"]}}}}"#);
+        assert_eq!(config_diff_ids(cfg.as_bytes()), Ok(vec![a]));
+        assert!(config_diff_ids(b"{}").is_err());
+    }
+
+    #[test]
+    fn one_blob_with_two_claims_has_none() {
+        let d1 = Digest::sha256(b"1");
+        let l = weenv_registry::Descriptor::new("application/x", d1, 10);
+        let m: ImageManifest = serde_json::from_value(serde_json::json!({
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": weenv_registry::Descriptor::new("application/vnd.oci.image.config.v1+json", Digest::sha256(b"c"), 1),
+            "layers": [l.clone(), l],
+        }))
+        .unwrap();
+        let (a, b) = (
+            Digest::sha256(b"a").to_string(),
+            Digest::sha256(b"b").to_string(),
+        );
+        assert!(image_info(&m, Some(&[a.clone(), b]))
+            .iter()
+            .all(|l| l.diff_id.is_none()));
+        assert!(image_info(&m, Some(&[a.clone(), a]))
+            .iter()
+            .all(|l| l.diff_id.is_some()));
     }
 }

@@ -4,6 +4,7 @@
 //! - [`probe`]: pure classification of a blob tail (weenv or not, what else to read).
 //! - [`toc_cache`]: verified TOC tails cached on disk by layer digest.
 //! - [`image`]: what the image manifest says about its layers (size, TOC hint, profile).
+//! - [`identity`]: which known layer a Prepare may be served from (pure).
 //! - [`provider`]: [`WeenvLayers`], the real [`LayerProvider`] (registry + FUSE layer store).
 //!
 //! containerd passes `containerd.io/snapshot.ref=<target chainID>` plus one of two label
@@ -13,6 +14,7 @@
 //! - `ctr-remote image rpull` (stargz): `containerd.io/snapshot/remote/stargz.reference`,
 //!   `containerd.io/snapshot/remote/stargz.digest`.
 
+pub mod identity;
 pub mod image;
 pub mod probe;
 pub mod provider;
@@ -58,6 +60,11 @@ pub enum RemoteError {
     NotCached { digest: String },
     #[error("lazy layers are unavailable: {0}")]
     Unsupported(String),
+    /// The Prepare names the layer differently from what this node bound it to (another
+    /// claimed diff_id or TOC digest), names no claim at all, or the layer is quarantined:
+    /// it must not get this layer lazily.
+    #[error("layer {digest} cannot be shared: {reason}")]
+    Identity { digest: String, reason: String },
 }
 
 /// What a remote-snapshot Prepare asks for.
@@ -107,6 +114,10 @@ pub struct MountedLayer {
     pub size: i64,
     /// Number of TOC entries (reported as inodes).
     pub inodes: i64,
+    /// Digest of the layer's TOC.
+    pub toc_digest: Option<Digest>,
+    /// The diff_id the image claims for the layer (unverified until the layer is complete).
+    pub diff_id: Option<Digest>,
 }
 
 /// The lazy layer machinery as the snapshot service sees it.
@@ -122,6 +133,10 @@ pub trait LayerProvider: Send + Sync + 'static {
     /// Start the start-up prefetch of an exposed layer for the image `req` names (in the
     /// background; no-op without a profile).
     fn prefetch(&self, _req: &RemoteLayerRequest) {}
+    /// Why layer `digest` is quarantined, if it is (its snapshots are not handed out again).
+    fn quarantined(&self, _digest: &Digest) -> Option<String> {
+        None
+    }
 }
 
 #[cfg(test)]

@@ -106,12 +106,15 @@ impl Inner {
         }
     }
 
+    /// Exposes layer `d` in the FUSE session; `claim`: the diff_id its completion check must
+    /// find. The returned layer names no TOC digest or claim (the caller knows them).
     fn expose(
         &self,
         d: &Digest,
         reference: &str,
         size: u64,
         toc: Toc,
+        claim: Option<&Digest>,
     ) -> Result<MountedLayer, RemoteError> {
         let r: Reference = reference
             .parse()
@@ -125,7 +128,7 @@ impl Inner {
         ));
         let dir = self
             .layers
-            .add_layer(d, Arc::new(toc), src)
+            .add_layer_claimed(d, Arc::new(toc), src, claim.cloned())
             .map_err(|e| RemoteError::Mount {
                 digest: d.to_string(),
                 message: e.to_string(),
@@ -134,6 +137,8 @@ impl Inner {
             dir,
             size: usize_,
             inodes,
+            toc_digest: None,
+            diff_id: None,
         })
     }
 
@@ -180,8 +185,9 @@ impl Inner {
     }
 
     /// Detects (once) and exposes layer `d` of image `reference`; `Ok(None)` for a layer that
-    /// is not a weenv layer. `desc`: what the manifest says about it (size + TOC hint: one
-    /// ranged GET instead of a probe).
+    /// is not a weenv layer. `desc`: what the manifest and config say about it (size, TOC hint:
+    /// one ranged GET instead of a probe; the claimed diff_id, without which the layer is not
+    /// exposed: see [`super::identity`]).
     async fn mount_one(
         &self,
         reference: &str,
@@ -203,28 +209,72 @@ impl Inner {
         d: &Digest,
         desc: Option<&LayerDesc>,
     ) -> Result<Option<MountedLayer>, RemoteError> {
-        match self.store.layer(d.as_str()).map_err(|e| store_err(d, e))? {
-            Some(LayerRecord {
-                kind: LayerKind::NotWeenv,
-                ..
-            }) => return Ok(None),
-            Some(rec) => {
-                if let Some(toc) = self.layers.toc(d) {
+        let identity_err = |reason: String| RemoteError::Identity {
+            digest: d.to_string(),
+            reason,
+        };
+        let known = self.store.layer(d.as_str()).map_err(|e| store_err(d, e))?;
+        if let Some(LayerRecord {
+            kind: LayerKind::NotWeenv,
+            ..
+        }) = known
+        {
+            return Ok(None);
+        }
+        let claim = desc.and_then(|x| x.diff_id.clone()).ok_or_else(|| {
+            identity_err(
+                "the image config's diff_id for this layer is unknown (config unreadable, or \
+                 the manifest does not list the layer once with one claim)"
+                    .into(),
+            )
+        })?;
+        let hint_toc = desc.and_then(|x| x.hint.as_ref()).map(|h| &h.digest);
+        if let Some(rec) = known {
+            super::identity::reuse_verdict(&rec, &claim, hint_toc).map_err(identity_err)?;
+            let bound_toc: Option<Digest> = rec.toc_digest.as_deref().and_then(|t| t.parse().ok());
+            let mounted = match self.layers.toc(d) {
+                Some(toc) => {
                     let (size, inodes) = toc_usage(&toc);
-                    return Ok(Some(MountedLayer {
+                    Some(MountedLayer {
                         dir: self.layers.layer_path(d),
                         size,
                         inodes,
-                    }));
+                        toc_digest: bound_toc.clone(),
+                        diff_id: None,
+                    })
                 }
-                match self.tocs.get(d, rec.size) {
-                    Ok(toc) => return self.expose(d, &rec.reference, rec.size, toc).map(Some),
-                    Err(e) => {
-                        info!(digest = %d, error = %e, "cached TOC unusable; fetching it again")
+                None => match self.tocs.get(d, rec.size, bound_toc.as_ref()) {
+                    Ok((td, toc)) => {
+                        let mut m = self.expose(d, &rec.reference, rec.size, toc, Some(&claim))?;
+                        m.toc_digest = Some(td);
+                        Some(m)
                     }
+                    Err(e) => {
+                        info!(digest = %d, error = %e, "cached TOC unusable; fetching it again");
+                        None
+                    }
+                },
+            };
+            if let Some(mut m) = mounted {
+                if rec.diff_id.is_none() || rec.toc_digest.is_none() {
+                    // A record of an older daemon: bound now, to the first claim.
+                    let (c, t) = (
+                        claim.to_string(),
+                        m.toc_digest.as_ref().map(|t| t.to_string()),
+                    );
+                    self.store
+                        .update_layer(d.as_str(), |r| {
+                            r.diff_id.get_or_insert(c);
+                            if r.toc_digest.is_none() {
+                                r.toc_digest = t;
+                            }
+                        })
+                        .map_err(|e| store_err(d, e))?;
+                    self.layers.set_claim(d, &claim);
                 }
+                m.diff_id = Some(claim);
+                return Ok(Some(m));
             }
-            None => {}
         }
         let r: Reference = reference
             .parse()
@@ -247,26 +297,23 @@ impl Inner {
             None => {
                 let Some(found) = self.probe(&r, reference, d).await? else {
                     self.store
-                        .put_layer(&LayerRecord {
-                            digest: d.to_string(),
-                            reference: reference.to_string(),
-                            size: 0,
-                            kind: LayerKind::NotWeenv,
-                        })
+                        .put_layer(&LayerRecord::not_weenv(
+                            d.to_string(),
+                            reference.to_string(),
+                        ))
                         .map_err(|e| store_err(d, e))?;
                     return Ok(None);
                 };
                 found
             }
         };
-        let expected = hinted.map(|(_, h)| &h.digest);
-        let toc = self
-            .tocs
-            .put(d, &tail, size, expected)
-            .map_err(|e| RemoteError::Toc {
-                digest: d.to_string(),
-                message: e.to_string(),
-            })?;
+        let (toc_digest, toc) =
+            self.tocs
+                .put(d, &tail, size, hint_toc)
+                .map_err(|e| RemoteError::Toc {
+                    digest: d.to_string(),
+                    message: e.to_string(),
+                })?;
         self.store
             .put_layer(&LayerRecord {
                 digest: d.to_string(),
@@ -275,10 +322,18 @@ impl Inner {
                 kind: LayerKind::Weenv {
                     toc_path: self.tocs.path(d),
                 },
+                toc_digest: Some(toc_digest.to_string()),
+                diff_id: Some(claim.to_string()),
+                verified: false,
+                quarantined: None,
             })
             .map_err(|e| store_err(d, e))?;
-        info!(digest = %d, reference, entries = toc.entries.len(), hinted = hinted.is_some(), "weenv layer detected");
-        self.expose(d, reference, size, toc).map(Some)
+        info!(digest = %d, reference, entries = toc.entries.len(), hinted = hinted.is_some(),
+            toc = %toc_digest, claimed_diff_id = %claim, "weenv layer detected");
+        let mut m = self.expose(d, reference, size, toc, Some(&claim))?;
+        m.toc_digest = Some(toc_digest);
+        m.diff_id = Some(claim);
+        Ok(Some(m))
     }
 
     /// Starts the prefetch of layer `d` from its manifest description (no-op without one).
@@ -329,7 +384,8 @@ impl LayerProvider for WeenvLayers {
     async fn mount(&self, req: &RemoteLayerRequest) -> Result<Option<MountedLayer>, RemoteError> {
         let me = &self.inner;
         let d = &req.digest;
-        // What the manifest says (cached per manifest digest): TOC hint and profile.
+        // What the manifest and config say (cached per manifest digest): TOC hint, profile
+        // and the claimed diff_id.
         let info = match req.manifest.as_deref() {
             Some(m) => match me.images.get(&me.registry, &req.reference, Some(m)).await {
                 Ok(info) => {
@@ -343,11 +399,12 @@ impl LayerProvider for WeenvLayers {
                     Some(info)
                 }
                 Err(e) => {
-                    debug!(reference = %req.reference, error = %e, "image manifest unreadable; probing the layer");
+                    debug!(reference = %req.reference, error = %e, "image manifest unreadable");
                     None
                 }
             },
-            None => None,
+            // No manifest digest in the labels: the manifest the reference names now.
+            None => me.images.get(&me.registry, &req.reference, None).await.ok(),
         };
         let desc = info
             .as_ref()
@@ -372,10 +429,13 @@ impl LayerProvider for WeenvLayers {
             .ok_or_else(|| RemoteError::NotCached {
                 digest: d.to_string(),
             })?;
-        match me.tocs.get(d, rec.size) {
-            Ok(toc) => me.expose(d, &rec.reference, rec.size, toc),
+        let bound_toc: Option<Digest> = rec.toc_digest.as_deref().and_then(|t| t.parse().ok());
+        let claim: Option<Digest> = rec.diff_id.as_deref().and_then(|t| t.parse().ok());
+        let mut m = match me.tocs.get(d, rec.size, bound_toc.as_ref()) {
+            Ok((_, toc)) => me.expose(d, &rec.reference, rec.size, toc, claim.as_ref())?,
             Err(e) => {
-                // Lost or damaged cache file: fetch the TOC again from the registry.
+                // Lost or damaged cache file: fetch the TOC again from the registry (it must
+                // be the TOC the layer was bound to).
                 info!(digest = %d, error = %e, "cached TOC unusable; refetching it");
                 let r: Reference = rec
                     .reference
@@ -388,16 +448,22 @@ impl LayerProvider for WeenvLayers {
                             digest: d.to_string(),
                             message: "the registry blob is no longer a weenv layer".into(),
                         })?;
-                let toc = me
+                let (_, toc) = me
                     .tocs
-                    .put(d, &tail, size, None)
+                    .put(d, &tail, size, bound_toc.as_ref())
                     .map_err(|e| RemoteError::Toc {
                         digest: d.to_string(),
                         message: e.to_string(),
                     })?;
-                me.expose(d, &rec.reference, size, toc)
+                me.expose(d, &rec.reference, size, toc, claim.as_ref())?
             }
+        };
+        if let Some(reason) = &rec.quarantined {
+            me.layers.restore_quarantine(d, reason.clone());
         }
+        m.toc_digest = bound_toc;
+        m.diff_id = claim;
+        Ok(m)
     }
 
     fn prefetch(&self, req: &RemoteLayerRequest) {
@@ -421,6 +487,14 @@ impl LayerProvider for WeenvLayers {
                 me.start_prefetch(&req.reference, desc);
             }
         });
+    }
+
+    fn quarantined(&self, d: &Digest) -> Option<String> {
+        let me = &self.inner;
+        if let Some(r) = me.layers.quarantine_reason(d) {
+            return Some(r);
+        }
+        me.store.layer(d.as_str()).ok().flatten()?.quarantined
     }
 
     fn release(&self, d: &Digest) -> Result<(), RemoteError> {

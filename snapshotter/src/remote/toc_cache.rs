@@ -73,16 +73,17 @@ impl TocCache {
     }
 
     /// Verify `tail` (TOC frame + footer of a blob of `blob_size` bytes; the TOC's digest
-    /// must be `expected` when the manifest's hint names it) and store it.
+    /// must be `expected` when the manifest's hint names it) and store it. Returns the TOC
+    /// digest and the TOC.
     pub fn put(
         &self,
         digest: &Digest,
         tail: &[u8],
         blob_size: u64,
         expected: Option<&Digest>,
-    ) -> Result<Toc, TocCacheError> {
+    ) -> Result<(Digest, Toc), TocCacheError> {
         let path = self.path(digest);
-        let (_, toc) = parse_tail_with_limits(tail, blob_size, expected, &self.limits)
+        let (footer, toc) = parse_tail_with_limits(tail, blob_size, expected, &self.limits)
             .map_err(|source| TocCacheError::of(digest, path.clone(), source))?;
         let io = |source| TocCacheError::Io {
             path: path.clone(),
@@ -92,18 +93,24 @@ impl TocCache {
         let tmp = self.dir.join(format!(".{}.tmp", digest.hex()));
         std::fs::write(&tmp, tail).map_err(io)?;
         std::fs::rename(&tmp, &path).map_err(io)?;
-        Ok(toc)
+        Ok((footer.toc_digest, toc))
     }
 
-    /// Load and re-verify the cached TOC of `digest`.
-    pub fn get(&self, digest: &Digest, blob_size: u64) -> Result<Toc, TocCacheError> {
+    /// Load and re-verify the cached TOC of `digest` (its digest must be `expected` when the
+    /// layer record names it). Returns the TOC digest and the TOC.
+    pub fn get(
+        &self,
+        digest: &Digest,
+        blob_size: u64,
+        expected: Option<&Digest>,
+    ) -> Result<(Digest, Toc), TocCacheError> {
         let path = self.path(digest);
         let tail = std::fs::read(&path).map_err(|source| TocCacheError::Io {
             path: path.clone(),
             source,
         })?;
-        parse_tail_with_limits(&tail, blob_size, None, &self.limits)
-            .map(|(_, t)| t)
+        parse_tail_with_limits(&tail, blob_size, expected, &self.limits)
+            .map(|(f, t)| (f.toc_digest, t))
             .map_err(|source| TocCacheError::of(digest, path, source))
     }
 }
@@ -124,17 +131,20 @@ mod tests {
         let f = weenv_format::footer::Footer::parse(&blob).unwrap();
         let tail = &blob[f.toc_offset as usize..];
         assert_eq!(tail.len(), f.toc_len as usize + FOOTER_SIZE);
-        assert_eq!(c.put(&digest, tail, size, None).unwrap(), toc);
+        let (td, t) = c.put(&digest, tail, size, None).unwrap();
+        assert_eq!(t, toc);
+        assert_eq!(td, f.toc_digest);
         // the manifest's hint names the TOC digest: another one is refused
         let wrong = Digest::sha256(b"other toc");
         assert!(c.put(&digest, tail, size, Some(&wrong)).is_err());
-        assert_eq!(c.get(&digest, size).unwrap(), toc);
+        assert_eq!(c.get(&digest, size, Some(&td)).unwrap(), (td.clone(), toc));
+        assert!(c.get(&digest, size, Some(&wrong)).is_err());
         // flip a byte inside the TOC frame
         let mut bad = tail.to_vec();
         bad[10] ^= 0xff;
         std::fs::write(c.path(&digest), &bad).unwrap();
         assert!(matches!(
-            c.get(&digest, size),
+            c.get(&digest, size, None),
             Err(TocCacheError::Invalid { .. })
         ));
         assert!(c.put(&digest, &bad, size, None).is_err());
@@ -147,7 +157,7 @@ mod tests {
                 ..TocLimits::default()
             },
         );
-        let e = small.get(&digest, size).unwrap_err().to_string();
+        let e = small.get(&digest, size, None).unwrap_err().to_string();
         assert!(
             e.contains(digest.as_str())
                 && e.contains("limit of 0")
@@ -156,6 +166,9 @@ mod tests {
         );
         assert!(small.put(&digest, tail, size, None).is_err());
         let other = Digest::sha256(b"none");
-        assert!(matches!(c.get(&other, size), Err(TocCacheError::Io { .. })));
+        assert!(matches!(
+            c.get(&other, size, None),
+            Err(TocCacheError::Io { .. })
+        ));
     }
 }

@@ -4,41 +4,57 @@
 use super::*;
 use crate::remote::{MountedLayer, LABEL_CRI_IMAGE_REF, LABEL_CRI_LAYER_DIGEST};
 use parking_lot::Mutex;
+use std::collections::HashSet;
 
 const D1: &str = "sha256:1111111111111111111111111111111111111111111111111111111111111111";
 const D2: &str = "sha256:2222222222222222222222222222222222222222222222222222222222222222";
+/// Another weenv layer (the attacker's).
+const D3: &str = "sha256:3333333333333333333333333333333333333333333333333333333333333333";
 
-/// Fake provider: D1 is a weenv layer, everything else is not.
+/// Fake provider: D1 and D3 are weenv layers, everything else is not.
 #[derive(Default)]
 struct Fake {
     mounted: Mutex<Vec<String>>,
     released: Mutex<Vec<String>>,
+    /// Layer digest -> the diff_id its image claims (none: the fake names no claim).
+    claims: Mutex<HashMap<String, Digest>>,
+    quarantined: Mutex<HashSet<String>>,
+}
+
+impl Fake {
+    fn layer(&self, digest: &Digest) -> MountedLayer {
+        MountedLayer {
+            dir: PathBuf::from(format!("/mnt/{}", digest.hex())),
+            size: 7,
+            inodes: 3,
+            toc_digest: Some(Digest::sha256(digest.as_str().as_bytes())),
+            diff_id: self.claims.lock().get(digest.as_str()).cloned(),
+        }
+    }
 }
 
 #[async_trait::async_trait]
 impl LayerProvider for Fake {
     async fn mount(&self, req: &RemoteLayerRequest) -> Result<Option<MountedLayer>, RemoteError> {
-        if req.digest.as_str() != D1 {
+        if req.digest.as_str() != D1 && req.digest.as_str() != D3 {
             return Ok(None);
         }
         self.mounted.lock().push(req.digest.to_string());
-        Ok(Some(MountedLayer {
-            dir: PathBuf::from(format!("/mnt/{}", req.digest.hex())),
-            size: 7,
-            inodes: 3,
-        }))
+        Ok(Some(self.layer(&req.digest)))
     }
     async fn remount(&self, digest: &Digest) -> Result<MountedLayer, RemoteError> {
         self.mounted.lock().push(digest.to_string());
-        Ok(MountedLayer {
-            dir: PathBuf::from(format!("/mnt/{}", digest.hex())),
-            size: 7,
-            inodes: 3,
-        })
+        Ok(self.layer(digest))
     }
     fn release(&self, digest: &Digest) -> Result<(), RemoteError> {
         self.released.lock().push(digest.to_string());
         Ok(())
+    }
+    fn quarantined(&self, digest: &Digest) -> Option<String> {
+        self.quarantined
+            .lock()
+            .contains(digest.as_str())
+            .then(|| "diff_id mismatch".to_string())
     }
 }
 
@@ -250,7 +266,106 @@ async fn same_target_under_another_parent_gets_its_own_remote_snapshot() {
 
 #[test]
 fn remote_names() {
-    assert_eq!(remote_snapshot_name("sha256:t", "p", |_| false), "sha256:t");
-    let n = remote_snapshot_name("sha256:t", "p", |k| k == "sha256:t");
+    let (d1, d3): (Digest, Digest) = (D1.parse().unwrap(), D3.parse().unwrap());
+    assert_eq!(
+        remote_snapshot_name("sha256:t", "p", &d1, |_| false),
+        "sha256:t"
+    );
+    let n = remote_snapshot_name("sha256:t", "p", &d1, |k| k == "sha256:t");
     assert!(n.starts_with("sha256:t@") && n.len() == "sha256:t@".len() + 16);
+    assert_ne!(
+        n,
+        remote_snapshot_name("sha256:t", "p", &d3, |k| k == "sha256:t")
+    );
+}
+
+/// The issue's attack: EVIL (layer D3) claims GOOD's diff_ids, so its chain ids are GOOD's.
+/// Pulled first in namespace A, it must not become what GOOD's Prepare in namespace B gets.
+#[tokio::test]
+async fn a_chain_bound_to_another_layer_is_never_reused() {
+    let d = tempfile::tempdir().unwrap();
+    let fake = Arc::new(Fake::default());
+    let s = svc(d.path(), Some(fake.clone()));
+    let t = Digest::sha256(b"GOOD's diff_id").to_string();
+    let r = s.prepare("A/1/extract", "", remote_labels(&t, D3)).await;
+    assert!(matches!(r, Err(SnapshotError::RemoteCommitted(_))));
+    // GOOD in namespace B: same chain, its own layer -> the ordinary path (containerd unpacks
+    // and checks the diff_id), not EVIL's snapshot
+    let m = s
+        .prepare("B/1/extract", "", remote_labels(&t, D1))
+        .await
+        .unwrap();
+    assert_eq!(s.stat("B/1/extract").unwrap().kind, Kind::Active);
+    assert_eq!(m[0].kind, "bind");
+    assert!(s.counters().render().contains("outcome=\"refused\"} 1"));
+    // EVIL again (another namespace): its own snapshot is still reused
+    let r = s.prepare("C/1/extract", "", remote_labels(&t, D3)).await;
+    assert!(matches!(r, Err(SnapshotError::RemoteCommitted(_))));
+    // and the remote record names the layer it was made from
+    let rec = s.stat(&t).unwrap();
+    let rl = rec.remote.unwrap();
+    assert_eq!(rl.digest, D3);
+    assert!(rl.toc_digest.is_some());
+}
+
+/// An ordinary committed snapshot carrying the chain's snapshot.ref label (anyone can commit
+/// one with any label) is not a remote layer: the Prepare mounts its own, and containerd's
+/// Walk finds the remote one first.
+#[tokio::test]
+async fn an_ordinary_snapshot_under_the_chain_is_not_the_remote_layer() {
+    let d = tempfile::tempdir().unwrap();
+    let fake = Arc::new(Fake::default());
+    let s = svc(d.path(), Some(fake.clone()));
+    let t = Digest::sha256(b"diff").to_string();
+    s.prepare("A/1/x", "", HashMap::new()).await.unwrap();
+    let forged: HashMap<String, String> = [(LABEL_TARGET.to_string(), t.clone())].into();
+    s.commit("A/2/forged", "A/1/x", forged).unwrap();
+    let r = s.prepare("B/1/extract", "", remote_labels(&t, D1)).await;
+    assert!(matches!(r, Err(SnapshotError::RemoteCommitted(_))));
+    assert_eq!(*fake.mounted.lock(), vec![D1.to_string()]);
+    let filter = format!(r#"labels."containerd.io/snapshot.ref"=={t},parent=="""#);
+    let w = s.walk(&[filter]).unwrap();
+    assert_eq!(w.len(), 2);
+    assert_eq!(
+        w[0].remote.as_ref().unwrap().digest,
+        D1,
+        "remote first: {w:?}"
+    );
+    assert_eq!(w[1].key, "A/2/forged");
+}
+
+#[tokio::test]
+async fn quarantined_layers_and_false_claims_take_the_ordinary_path() {
+    let d = tempfile::tempdir().unwrap();
+    let fake = Arc::new(Fake::default());
+    let s = svc(d.path(), Some(fake.clone()));
+    let good = Digest::sha256(b"good");
+    fake.claims.lock().insert(D1.into(), good.clone());
+    // a base layer's chain id is its diff_id: labels and config disagree -> refused
+    let other = Digest::sha256(b"other").to_string();
+    s.prepare("A/1/e", "", remote_labels(&other, D1))
+        .await
+        .unwrap();
+    // consistent: committed; upper layer chain checked against the parent's chain
+    let r = s
+        .prepare("A/2/e", "", remote_labels(good.as_str(), D1))
+        .await;
+    assert!(matches!(r, Err(SnapshotError::RemoteCommitted(_))));
+    let up = Digest::sha256(b"up");
+    fake.claims.lock().insert(D3.into(), up.clone());
+    let wrong = crate::pull::chain_id(Some(good.as_str()), good.as_str());
+    s.prepare("A/3/e", good.as_str(), remote_labels(&wrong, D3))
+        .await
+        .unwrap();
+    let right = crate::pull::chain_id(Some(good.as_str()), up.as_str());
+    let r = s
+        .prepare("A/4/e", good.as_str(), remote_labels(&right, D3))
+        .await;
+    assert!(matches!(r, Err(SnapshotError::RemoteCommitted(_))));
+    // once quarantined, the existing snapshot is not handed out again
+    fake.quarantined.lock().insert(D1.into());
+    s.prepare("B/1/e", "", remote_labels(good.as_str(), D1))
+        .await
+        .unwrap();
+    assert!(s.counters().render().contains("outcome=\"refused\"} 3"));
 }

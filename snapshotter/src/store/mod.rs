@@ -280,6 +280,29 @@ impl MetaStore {
         })
     }
 
+    /// Changes layer record `digest` in one transaction; `Ok(false)` when there is none.
+    pub fn update_layer(
+        &self,
+        digest: &str,
+        f: impl FnOnce(&mut LayerRecord),
+    ) -> Result<bool, StoreError> {
+        self.write(|tx| {
+            let mut t = tx.open_table(LAYERS).map_err(|e| self.err(e))?;
+            let rec = t
+                .get(digest)
+                .map_err(|e| self.err(e))?
+                .map(|v| decode::<LayerRecord>(digest, v.value()))
+                .transpose()?;
+            let Some(mut rec) = rec else {
+                return Ok(false);
+            };
+            f(&mut rec);
+            t.insert(digest, encode(&rec).as_slice())
+                .map_err(|e| self.err(e))?;
+            Ok(true)
+        })
+    }
+
     /// All layer records.
     pub fn layers(&self) -> Result<Vec<LayerRecord>, StoreError> {
         let tx = self.db.begin_read().map_err(|e| self.err(e))?;

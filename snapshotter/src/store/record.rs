@@ -24,13 +24,22 @@ impl Kind {
     }
 }
 
-/// A committed snapshot backed by a FUSE layer directory instead of its own dir.
+/// A committed snapshot backed by a FUSE layer directory instead of its own dir: the identity
+/// of the layer it was made from. A Prepare reuses it only for the same layer (blob digest and
+/// TOC digest), never because its chain id alone matches.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RemoteLayerRef {
     /// Layer (blob) digest, `sha256:...`.
     pub digest: String,
     /// FUSE directory of the layer (`<mountpoint>/<hex>`).
     pub dir: PathBuf,
+    /// Digest of the layer's TOC (absent in records of older daemons).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub toc_digest: Option<String>,
+    /// The diff_id the image claimed for the layer: unverified until the layer is complete
+    /// (see [`LayerRecord::verified`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub diff_id: Option<String>,
 }
 
 /// One snapshot.
@@ -74,4 +83,36 @@ pub struct LayerRecord {
     pub size: u64,
     #[serde(flatten)]
     pub kind: LayerKind,
+    /// Digest of the TOC (from the footer, equal to the manifest's `io.weenv.toc.digest` when
+    /// that named one). Absent in records of older daemons and for non-weenv layers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub toc_digest: Option<String>,
+    /// The diff_id claimed for this blob by the image it was first exposed for. Later images
+    /// claiming another one do not get this layer lazily (their Prepare takes the ordinary
+    /// path, where containerd checks the diff_id itself).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub diff_id: Option<String>,
+    /// The completion check (every frame, in order: tar walk against the TOC, sha256 =
+    /// `diff_id`) passed.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub verified: bool,
+    /// Why the layer is quarantined (every read of its files fails with EIO), if it is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quarantined: Option<String>,
+}
+
+impl LayerRecord {
+    /// A record of a layer that is not a weenv layer (negative cache).
+    pub fn not_weenv(digest: String, reference: String) -> Self {
+        LayerRecord {
+            digest,
+            reference,
+            size: 0,
+            kind: LayerKind::NotWeenv,
+            toc_digest: None,
+            diff_id: None,
+            verified: false,
+            quarantined: None,
+        }
+    }
 }

@@ -118,6 +118,8 @@ fn remote_committed_and_layers() {
     n.remote = Some(RemoteLayerRef {
         digest: "sha256:l".into(),
         dir: "/mnt/l".into(),
+        toc_digest: Some("sha256:t".into()),
+        diff_id: Some("sha256:d".into()),
     });
     let r = s.create(n).unwrap();
     assert_eq!(r.kind, Kind::Committed);
@@ -128,9 +130,35 @@ fn remote_committed_and_layers() {
         kind: LayerKind::Weenv {
             toc_path: "/t".into(),
         },
+        toc_digest: Some("sha256:t".into()),
+        diff_id: None,
+        verified: false,
+        quarantined: None,
     };
     s.put_layer(&l).unwrap();
     assert_eq!(s.layer("sha256:l").unwrap(), Some(l.clone()));
-    assert_eq!(s.layers().unwrap(), vec![l]);
+    assert_eq!(s.layers().unwrap(), vec![l.clone()]);
     assert_eq!(s.layer("sha256:q").unwrap(), None);
+    assert!(s
+        .update_layer("sha256:l", |r| r.quarantined = Some("bad".into()))
+        .unwrap());
+    assert!(!s.update_layer("sha256:q", |_| {}).unwrap());
+    assert_eq!(
+        s.layer("sha256:l").unwrap().unwrap().quarantined.as_deref(),
+        Some("bad")
+    );
+}
+
+#[test]
+fn records_of_older_daemons_still_decode() {
+    let old =
+        br#"{"digest":"sha256:l","reference":"r/x:1","size":5,"kind":"weenv","toc_path":"/t"}"#;
+    let l: LayerRecord = serde_json::from_slice(old).unwrap();
+    assert_eq!(
+        (l.toc_digest, l.diff_id, l.verified, l.quarantined),
+        (None, None, false, None)
+    );
+    let old = br#"{"digest":"sha256:l","dir":"/mnt/l"}"#;
+    let r: RemoteLayerRef = serde_json::from_slice(old).unwrap();
+    assert_eq!((r.toc_digest, r.diff_id), (None, None));
 }

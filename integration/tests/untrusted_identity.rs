@@ -1,0 +1,230 @@
+//! Untrusted images against layer identity (issue 9, hole 1: snapshot poisoning).
+//!
+//! EVIL is the busybox test image with another `/etc/weenv`, converted to weenv, whose image
+//! config is GOOD's: it claims GOOD's diff_ids, so its chain ids are GOOD's. Tenant A pulls
+//! EVIL with `weenv pull`; the victim pulls GOOD in namespace B and `ctr run` must print GOOD's
+//! content, never EVIL's. Then, with the background fill on, EVIL's layer completes, its
+//! stream hashes to another diff_id than claimed, and it is quarantined: reads of its files
+//! fail, `weenv status` and `/metrics` say so, the quarantine survives a daemon restart, and a
+//! later pull of EVIL gets no lazy layer (the ordinary path refuses the wrong diff_id, as
+//! containerd's unpacker does).
+
+mod snapshotter_common;
+
+use anyhow::{bail, ensure, Context, Result};
+use snapshotter_common::*;
+use std::io::Read;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+use weenv_integration::containerd::{Containerd, ContainerdOptions};
+use weenv_integration::images::{self, OciImage};
+use weenv_integration::registry::LocalRegistry;
+use weenv_integration::util::{require_root_and_bins, E2E_FUSE_BINS};
+use weenv_registry::{Bytes, Client, Reference};
+
+const GOOD_TEXT: &str = "hello from weenv test image";
+const EVIL_TEXT: &str = "EVIL: not the image you pulled";
+
+/// The uncompressed tar of the (single, gzip) layer of `img`.
+fn layout_layer_tar(img: &OciImage) -> Result<Vec<u8>> {
+    let blob = |d: &str| {
+        img.layout
+            .join("blobs/sha256")
+            .join(d.trim_start_matches("sha256:"))
+    };
+    let index: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(img.layout.join("index.json"))?)?;
+    let md = index["manifests"][0]["digest"]
+        .as_str()
+        .context("index.json names no manifest")?;
+    let m: serde_json::Value = serde_json::from_slice(&std::fs::read(blob(md))?)?;
+    let ld = m["layers"][0]["digest"]
+        .as_str()
+        .context("manifest names no layer")?;
+    let mut child = Command::new("gzip")
+        .arg("-dc")
+        .stdin(std::fs::File::open(blob(ld))?)
+        .stdout(Stdio::piped())
+        .spawn()
+        .context("gzip -dc")?;
+    let mut tar = Vec::new();
+    child
+        .stdout
+        .take()
+        .context("gzip stdout")?
+        .read_to_end(&mut tar)?;
+    ensure!(child.wait()?.success(), "gzip -dc failed");
+    Ok(tar)
+}
+
+/// `tar` with the content of regular file `path` replaced by `data`.
+fn replace_file(tar_bytes: &[u8], path: &str, data: &[u8]) -> Result<Vec<u8>> {
+    let mut out = tar::Builder::new(Vec::new());
+    let mut found = false;
+    for e in tar::Archive::new(tar_bytes).entries()? {
+        let mut e = e?;
+        let mut h = e.header().clone();
+        let name = e
+            .path()?
+            .to_string_lossy()
+            .trim_start_matches("./")
+            .to_string();
+        if name == path {
+            found = true;
+            h.set_size(data.len() as u64);
+            h.set_cksum();
+            out.append(&h, data)?;
+        } else {
+            let mut body = Vec::new();
+            e.read_to_end(&mut body)?;
+            out.append(&h, &body[..])?;
+        }
+    }
+    ensure!(found, "{path} not in the layer");
+    Ok(out.into_inner()?)
+}
+
+/// Pushes EVIL: GOOD's manifest with EVIL's weenv layer in place of GOOD's, GOOD's config
+/// (diff_ids) unchanged. Returns EVIL's layer digest.
+async fn push_evil(cl: &Client, img: &OciImage, good: &str, evil: &str) -> Result<String> {
+    let tar = replace_file(&layout_layer_tar(img)?, "etc/weenv", EVIL_TEXT.as_bytes())?;
+    let mut blob = Vec::new();
+    let sum = weenv_format::write_layer(&tar[..], &mut blob, &Default::default())?;
+    let re: Reference = evil.parse()?;
+    cl.push_blob(&re, &sum.blob_digest, Bytes::from(blob))
+        .await?;
+    let (_, mb) = cl
+        .get_image_manifest(
+            &good.parse()?,
+            "linux",
+            weenv_registry::manifest::host_platform().1,
+            None,
+        )
+        .await?;
+    let mut m: serde_json::Value = serde_json::from_slice(&mb.bytes)?;
+    let layers = m["layers"].as_array_mut().context("manifest layers")?;
+    ensure!(layers.len() == 1, "busybox has one layer");
+    layers[0]["digest"] = sum.blob_digest.to_string().into();
+    layers[0]["size"] = sum.blob_size.into();
+    layers[0]["annotations"] = serde_json::to_value(weenv_format::descriptor_annotations(&sum))?;
+    cl.push_manifest(&re, Bytes::from(serde_json::to_vec(&m)?), &mb.media_type)
+        .await?;
+    Ok(sum.blob_digest.to_string())
+}
+
+const CAT: &[&str] = &["/bin/cat", "/etc/weenv"];
+
+/// `ctr run` that must fail without showing EVIL's content.
+fn run_fails(ctd: &Containerd, ns: &str, image: &str, id: &str) -> Result<()> {
+    match ctr_run(ctd, ns, "weenv", image, id, CAT) {
+        Ok(out) => bail!("quarantined layer served: {out}"),
+        Err(e) => {
+            ensure!(!e.to_string().contains("EVIL"), "{e}");
+            Ok(())
+        }
+    }
+}
+
+fn metric(daemon: &Daemon, name: &str) -> Result<u64> {
+    let m = daemon.weenv(&["metrics"])?;
+    m.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name} ")))
+        .and_then(|v| v.trim().parse().ok())
+        .with_context(|| format!("{name} in /metrics"))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs root, containerd, runc, fuse, docker-registry, skopeo, umoci"]
+async fn forged_diff_ids_never_poison_another_namespace() -> Result<()> {
+    require_root_and_bins(E2E_FUSE_BINS)?;
+    let tmp = tempfile::tempdir()?;
+    let reg = LocalRegistry::start(tmp.path())?;
+    let host = reg.host();
+    let img = images::busybox()?;
+    let gz = reg.push(&img, "app:gz")?;
+    let cl = client(std::slice::from_ref(&host))?;
+    let good = format!("{host}/app:good");
+    convert(&cl, &gz, &good).await?;
+    let evil = format!("{host}/app:evil");
+    let evil_layer = push_evil(&cl, &img, &good, &evil).await?;
+
+    let mut daemon = Daemon::start(
+        &tmp.path().join("snap"),
+        &DaemonOptions {
+            plain_http: vec![host.clone()],
+            fill: true,
+            fill_extra: "quiet_ms = 0".into(),
+        },
+    )?;
+    let ctd = Containerd::start(ContainerdOptions {
+        proxy_snapshotter: Some(daemon.socket.clone()),
+        ..Default::default()
+    })?;
+
+    // Tenant A: EVIL, lazily (its claim cannot be checked before the layer is complete).
+    let out = daemon.pull(ctd.address(), "tenant-a", &evil)?;
+    ensure!(out.contains("(1 lazy"), "EVIL pulled lazily: {out}");
+    // Victim B: GOOD under the same chain id gets GOOD's layer.
+    daemon.pull(ctd.address(), "victim-b", &good)?;
+    let out = ctr_run(&ctd, "victim-b", "weenv", &good, "victim1", CAT)?;
+    ensure!(
+        out.contains(GOOD_TEXT) && !out.contains("EVIL"),
+        "victim got: {out}\ndaemon log:\n{}",
+        daemon.log()
+    );
+    ensure!(
+        metric(&daemon, "weenv_remote_prepares_total{outcome=\"refused\"}")? >= 1,
+        "GOOD's Prepare was not refused EVIL's snapshot"
+    );
+
+    // EVIL's layer completes: its diff_id is not GOOD's -> quarantined.
+    let hex = &evil_layer["sha256:".len()..];
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let status = loop {
+        let s = daemon.weenv(&["status"])?;
+        if s.contains("QUARANTINED (reads fail with EIO): diff_id mismatch") {
+            break s;
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "EVIL's layer not quarantined:\n{s}\ndaemon log:\n{}",
+                daemon.log()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    ensure!(status.contains(&hex[..12]), "{status}");
+    ensure!(metric(&daemon, "weenv_layer_quarantined_total")? == 1);
+    ensure!(
+        daemon.log().contains("layer quarantined") && daemon.log().contains(&evil_layer),
+        "quarantine not logged with the layer digest"
+    );
+    run_fails(&ctd, "tenant-a", &evil, "evil1")?;
+    // GOOD is unaffected.
+    let out = ctr_run(&ctd, "victim-b", "weenv", &good, "victim2", CAT)?;
+    ensure!(out.contains(GOOD_TEXT), "victim after quarantine: {out}");
+
+    // The quarantine survives a restart.
+    daemon.restart()?;
+    let s = daemon.weenv(&["status"])?;
+    ensure!(s.contains("QUARANTINED"), "after restart:\n{s}");
+    run_fails(&ctd, "tenant-a", &evil, "evil2")?;
+
+    // A new pull of EVIL gets no lazy layer, and the ordinary path refuses its diff_id.
+    let sock = ctd.address().display().to_string();
+    let o = Command::new(weenv_integration::util::workspace_bin("weenv")?)
+        .args(["--config"])
+        .arg(&daemon.config)
+        .args(["pull", "-a", &sock, "-n", "tenant-c", "--plain-http", &evil])
+        .output()?;
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    ensure!(
+        !o.status.success() && text.contains("wrong diff_id"),
+        "EVIL pulled again: {text}"
+    );
+    Ok(())
+}
