@@ -164,7 +164,7 @@ fn one_session_vs_session_per_layer() -> Result<()> {
             fx.rt.handle().clone(),
             fx.metrics.clone(),
         )?;
-        let p = s.add_layer(&layer.digest, layer.toc.clone(), layer.dyn_source())?;
+        let p = s.add_layer(&layer.digest, (*layer.toc).clone(), layer.dyn_source())?;
         ensure!(std::fs::read(p.join("etc/hello"))? == b"hello\n");
         s.shutdown();
     }
@@ -174,7 +174,7 @@ fn one_session_vs_session_per_layer() -> Result<()> {
         let d = weenv_format::Digest::sha256(format!("layer{i}").as_bytes());
         let p = fx
             .store
-            .add_layer(&d, layer.toc.clone(), layer.dyn_source())?;
+            .add_layer(&d, (*layer.toc).clone(), layer.dyn_source())?;
         ensure!(std::fs::read(p.join("etc/hello"))? == b"hello\n");
     }
     let per_layer = t.elapsed() / LAYERS as u32;

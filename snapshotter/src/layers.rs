@@ -46,6 +46,10 @@ use thiserror::Error;
 use tokio::task::JoinHandle;
 use weenv_format::{Digest, FrameIdx, Toc};
 
+/// Reads a layer's full TOC again when a check needs every entry (the in-memory table keeps
+/// only what the filesystem serves). The daemon's reads the verified TOC cache on disk.
+pub type TocReload = Arc<dyn Fn() -> Result<Toc, String> + Send + Sync>;
+
 /// Configuration of the layer store.
 #[derive(Clone, Debug)]
 pub struct LayerStoreConfig {
@@ -92,6 +96,12 @@ pub enum LayerError {
         end: u64,
         size: u64,
     },
+    #[error("layer {digest}: {source}")]
+    Table {
+        digest: Digest,
+        #[source]
+        source: crate::fs::inode::TableError,
+    },
     #[error("layer {0} is not mounted")]
     NotFound(Digest),
     #[error("the layer store is shut down")]
@@ -105,6 +115,8 @@ pub struct LayerStatus {
     pub path: PathBuf,
     /// TOC entries.
     pub entries: usize,
+    /// Heap bytes of the layer's in-memory TOC (compact table, frames, read state).
+    pub toc_bytes: u64,
     /// Uncompressed bytes of all frames.
     pub bytes_total: u64,
     /// Uncompressed bytes of the frames in L2.
@@ -134,6 +146,16 @@ pub struct LayerStore {
     notifier: Option<Notifier>,
     fills: Mutex<HashMap<Digest, JoinHandle<()>>>,
     fill_budget: Arc<FillShared>,
+}
+
+/// Returns freed heap pages to the kernel: a decoded TOC is millions of small allocations, and
+/// glibc keeps freed chunks below the top of the heap mapped (RSS would stay at its peak).
+fn release_free_heap() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: malloc_trim only walks the allocator's own free lists; no pointer is passed.
+    unsafe {
+        libc::malloc_trim(0);
+    }
 }
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> LayerError + '_ {
@@ -230,20 +252,23 @@ impl LayerStore {
     pub fn add_layer(
         &self,
         digest: &Digest,
-        toc: Arc<Toc>,
+        toc: Toc,
         source: Arc<dyn BlobSource>,
     ) -> Result<PathBuf, LayerError> {
-        self.add_layer_claimed(digest, toc, source, None)
+        self.add_layer_claimed(digest, toc, source, None, None)
     }
 
     /// [`Self::add_layer`] for a layer whose image claims diff_id `claim`: the completion
     /// check compares the stream's sha256 with it and quarantines the layer on a mismatch.
+    /// `reload` reads the full TOC again for that check; without one a copy of the decoded
+    /// TOC is kept in memory (tests).
     pub fn add_layer_claimed(
         &self,
         digest: &Digest,
-        toc: Arc<Toc>,
+        toc: Toc,
         source: Arc<dyn BlobSource>,
         claim: Option<Digest>,
+        reload: Option<TocReload>,
     ) -> Result<PathBuf, LayerError> {
         if self.session.lock().is_none() {
             return Err(LayerError::ShutDown);
@@ -263,9 +288,9 @@ impl LayerStore {
                 });
             }
         }
-        let layer = {
+        let slot = {
             let mut g = self.st.layers.write();
-            let slot = match g.slot_of.get(digest) {
+            match g.slot_of.get(digest) {
                 Some(s) => *s,
                 None => {
                     let s = g.by_slot.len() as u32;
@@ -273,14 +298,34 @@ impl LayerStore {
                     g.by_slot.push(None);
                     s
                 }
-            };
-            if let Some(Some(l)) = g.by_slot.get(slot as usize) {
-                l.clone() // raced with another add_layer
-            } else {
-                let l = Arc::new(Layer::new(digest.clone(), slot, toc, source));
-                l.trust.bind(self.st.quarantine.clone(), claim);
-                g.by_slot[slot as usize] = Some(l.clone());
-                l
+            }
+        };
+        let reload: TocReload = match reload {
+            Some(r) => r,
+            None => {
+                let kept = Arc::new(toc.clone());
+                Arc::new(move || Ok((*kept).clone()))
+            }
+        };
+        // Built outside the lock (a large TOC takes a while); the decoded TOC is dropped here.
+        let built =
+            Layer::new(digest.clone(), slot, toc, source).map_err(|source| LayerError::Table {
+                digest: digest.clone(),
+                source,
+            })?;
+        release_free_heap();
+        let layer = {
+            let mut g = self.st.layers.write();
+            match g.by_slot.get(slot as usize) {
+                Some(Some(l)) => l.clone(), // raced with another add_layer
+                _ => {
+                    let l = Arc::new(built);
+                    l.trust.bind(self.st.quarantine.clone(), claim);
+                    if let Some(s) = g.by_slot.get_mut(slot as usize) {
+                        *s = Some(l.clone());
+                    }
+                    l
+                }
             }
         };
         if self.cfg.fill.enabled {
@@ -289,21 +334,31 @@ impl LayerStore {
                 // After the fill, before it reports Done: the completion check, then (if
                 // the layer passed) the complete-file copies for passthrough.
                 let after: Option<AfterFill> = {
-                    let (st, layer) = (self.st.clone(), layer.clone());
+                    let (st, layer, reload) = (self.st.clone(), layer.clone(), reload.clone());
                     let min = (self.cfg.passthrough
                         && self.cfg.fill.materialise_min_bytes != u64::MAX)
                         .then_some(self.cfg.fill.materialise_min_bytes);
                     Some(Box::new(move || {
-                        let checked = st.rt.block_on(check_complete(
-                            &st.store,
-                            &layer.toc,
-                            &layer.source,
-                            &layer.digest,
-                            &layer.trust,
-                            &st.metrics,
-                        ));
-                        if let Err(e) = checked {
-                            tracing::warn!(error = %e, layer = %layer.digest, "completion check could not read every frame; it runs again after the next fill");
+                        // The full TOC, for this check only (dropped right after).
+                        match reload() {
+                            Ok(full) => {
+                                let checked = st.rt.block_on(check_complete(
+                                    &st.store,
+                                    &full,
+                                    &layer.source,
+                                    &layer.digest,
+                                    &layer.trust,
+                                    &st.metrics,
+                                ));
+                                drop(full);
+                                release_free_heap();
+                                if let Err(e) = checked {
+                                    tracing::warn!(error = %e, layer = %layer.digest, "completion check could not read every frame; it runs again after the next fill");
+                                }
+                            }
+                            Err(e) => {
+                                tracing::warn!(error = %e, layer = %layer.digest, "completion check skipped: the layer's TOC could not be read again");
+                            }
                         }
                         let Some(min) = min else { return };
                         if !st.passthrough.active() || layer.quarantined() {
@@ -321,7 +376,7 @@ impl LayerStore {
                 };
                 let h = self.st.rt.spawn(run_fill(
                     self.st.store.clone(),
-                    layer.toc.clone(),
+                    layer.frames.clone(),
                     layer.source.clone(),
                     self.cfg.fill.clone(),
                     layer.fill.clone(),
@@ -333,7 +388,7 @@ impl LayerStore {
         } else {
             layer.fill.set_state(FillState::Disabled);
         }
-        tracing::info!(layer = %digest, entries = layer.toc.entries.len(), frames = layer.toc.frames.len(), "layer added");
+        tracing::info!(layer = %digest, entries = layer.entries, frames = layer.frames.frames.len(), toc_bytes = layer.toc_bytes(), "layer added");
         Ok(self.layer_path(digest))
     }
 
@@ -354,7 +409,7 @@ impl LayerStore {
         tracing::debug!(layer = %digest, frames = frames.len(), "start-up prefetch");
         self.st.rt.spawn(run_prefetch(
             self.st.store.clone(),
-            layer.toc.clone(),
+            layer.frames.clone(),
             layer.source.clone(),
             frames,
             self.cfg.fill.prefetch_batch_bytes,
@@ -396,14 +451,15 @@ impl LayerStore {
         }
     }
 
-    /// The TOC of exposed layer `digest`.
-    pub fn toc(&self, digest: &Digest) -> Option<Arc<Toc>> {
-        self.layer(digest).map(|l| l.toc.clone())
+    /// (file bytes, TOC entries) of exposed layer `digest`, as reported for its snapshot usage.
+    pub fn usage(&self, digest: &Digest) -> Option<(i64, i64)> {
+        self.layer(digest)
+            .map(|l| (l.file_bytes as i64, l.entries as i64))
     }
 
     /// Frames in the TOC of exposed layer `digest`.
     pub fn frame_count(&self, digest: &Digest) -> Option<usize> {
-        self.layer(digest).map(|l| l.toc.frames.len())
+        self.layer(digest).map(|l| l.frames.frames.len())
     }
 
     fn layer(&self, digest: &Digest) -> Option<Arc<Layer>> {
@@ -480,7 +536,7 @@ impl LayerStore {
             .iter()
             .map(|l| {
                 let (mut frames_cached, mut bytes_cached) = (0, 0);
-                for f in &l.toc.frames {
+                for f in &l.frames.frames {
                     if l2.contains(&f.digest) {
                         frames_cached += 1;
                         bytes_cached += f.ulen;
@@ -489,10 +545,11 @@ impl LayerStore {
                 LayerStatus {
                     digest: l.digest.clone(),
                     path: self.layer_path(&l.digest),
-                    entries: l.toc.entries.len(),
+                    entries: l.entries,
+                    toc_bytes: l.toc_bytes(),
                     bytes_total: l.bytes_total(),
                     bytes_cached,
-                    frames_total: l.toc.frames.len(),
+                    frames_total: l.frames.frames.len(),
                     frames_cached,
                     fill: l.fill.state(),
                     fill_error: l.fill.last_error(),
@@ -514,6 +571,13 @@ impl LayerStore {
             (s.l1().used(), self.cfg.memory_cache_bytes),
             (s.l2().used(), s.l2().capacity()),
         )
+    }
+
+    /// Daemon memory held for layers: (TOC bytes of all layers, L1 bytes, bytes in flight).
+    pub fn memory_usage(&self) -> (u64, u64, u64) {
+        let tocs = self.all_layers().iter().map(|l| l.toc_bytes()).sum();
+        let s = &self.st.store;
+        (tocs, s.l1().used(), s.in_flight_bytes())
     }
 
     /// True if the kernel accepted FUSE passthrough and it is configured on.

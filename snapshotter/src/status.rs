@@ -21,6 +21,9 @@ pub struct LayerView {
     pub digest: String,
     pub path: String,
     pub entries: u64,
+    /// Heap bytes of the layer's in-memory TOC.
+    #[serde(default)]
+    pub toc_bytes: u64,
     pub bytes_total: u64,
     pub bytes_cached: u64,
     pub frames_total: u64,
@@ -55,6 +58,31 @@ pub struct CacheView {
     pub disk_capacity: u64,
 }
 
+/// Daemon memory in bytes.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemoryView {
+    /// Resident set of the process (`/proc/self/statm`).
+    pub rss: u64,
+    /// In-memory TOCs of all layers (compact tables, frames, read state).
+    pub tocs: u64,
+    /// Frames in the memory cache (L1).
+    pub frame_cache: u64,
+    /// Compressed bytes of range requests in flight.
+    pub in_flight: u64,
+}
+
+/// Resident set size of this process in bytes (0 if unknown).
+pub fn process_rss() -> u64 {
+    // statm: size resident shared text lib data dt, in pages.
+    let pages = std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .unwrap_or(0);
+    // SAFETY: sysconf only reads a system constant.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    pages * u64::try_from(page).unwrap_or(4096)
+}
+
 /// The whole status document.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StatusReport {
@@ -64,6 +92,8 @@ pub struct StatusReport {
     pub snapshots: SnapshotCounts,
     pub layers: Vec<LayerView>,
     pub cache: CacheView,
+    #[serde(default)]
+    pub memory: MemoryView,
 }
 
 /// Count snapshots by kind.
@@ -92,6 +122,7 @@ pub fn report(store: &MetaStore, layers: &LayerStore) -> StatusReport {
             digest: l.digest.to_string(),
             path: l.path.display().to_string(),
             entries: l.entries as u64,
+            toc_bytes: l.toc_bytes,
             bytes_total: l.bytes_total,
             bytes_cached: l.bytes_cached,
             frames_total: l.frames_total as u64,
@@ -121,6 +152,15 @@ pub fn report(store: &MetaStore, layers: &LayerStore) -> StatusReport {
             memory_capacity: mc,
             disk_used: du,
             disk_capacity: dc,
+        },
+        memory: {
+            let (tocs, frame_cache, in_flight) = layers.memory_usage();
+            MemoryView {
+                rss: process_rss(),
+                tocs,
+                frame_cache,
+                in_flight,
+            }
         },
     }
 }
@@ -207,13 +247,19 @@ pub fn render_text(r: &StatusReport) -> String {
         "snapshots: {} active, {} view, {} committed ({} remote)",
         r.snapshots.active, r.snapshots.view, r.snapshots.committed, r.snapshots.remote
     );
+    let (c, m) = (&r.cache, &r.memory);
     let _ = writeln!(
         s,
-        "cache: memory {:.1}/{:.1} MiB, disk {:.1}/{:.1} MiB",
-        mib(r.cache.memory_used),
-        mib(r.cache.memory_capacity),
-        mib(r.cache.disk_used),
-        mib(r.cache.disk_capacity)
+        "cache: memory {:.1}/{:.1} MiB, disk {:.1}/{:.1} MiB\n\
+         memory: resident {:.1} MiB (TOCs {:.1} MiB, frame cache {:.1} MiB, in flight {:.1} MiB)",
+        mib(c.memory_used),
+        mib(c.memory_capacity),
+        mib(c.disk_used),
+        mib(c.disk_capacity),
+        mib(m.rss),
+        mib(m.tocs),
+        mib(m.frame_cache),
+        mib(m.in_flight)
     );
     let quarantined = r.layers.iter().filter(|l| l.quarantined.is_some()).count();
     let _ = writeln!(
@@ -234,9 +280,10 @@ pub fn render_text(r: &StatusReport) -> String {
         };
         let _ = writeln!(
             s,
-            "  {}  {:>6} entries  {:>9.1} MiB  cached {:5.1}%  fill {}{}{}{}",
+            "  {}  {:>6} entries (TOC {:.1} MiB)  {:>9.1} MiB  cached {:5.1}%  fill {}{}{}{}",
             &l.digest[..l.digest.len().min(19)],
             l.entries,
+            mib(l.toc_bytes),
             mib(l.bytes_total),
             pct,
             l.fill,
@@ -286,6 +333,7 @@ mod tests {
                 digest: "sha256:abcdef0123456789abcdef".into(),
                 path: "/m/abc".into(),
                 entries: 10,
+                toc_bytes: 1 << 20,
                 bytes_total: 2 << 20,
                 bytes_cached: 1 << 20,
                 frames_total: 2,
@@ -300,6 +348,12 @@ mod tests {
                 quarantined: Some("diff_id mismatch: x".into()),
             }],
             cache: CacheView::default(),
+            memory: MemoryView {
+                rss: 30 << 20,
+                tocs: 1 << 20,
+                frame_cache: 2 << 20,
+                in_flight: 0,
+            },
         };
         let j = serde_json::to_string(&r).unwrap();
         assert_eq!(serde_json::from_str::<StatusReport>(&j).unwrap(), r);
@@ -323,6 +377,12 @@ mod tests {
                 .quarantined
                 .is_none()
         );
+        assert!(
+            t.contains("memory: resident 30.0 MiB (TOCs 1.0 MiB, frame cache 2.0 MiB"),
+            "{t}"
+        );
+        assert!(t.contains("10 entries (TOC 1.0 MiB)"), "{t}");
+        assert!(process_rss() > 0);
     }
 
     fn whole(p: &str) -> FileRead {

@@ -171,7 +171,7 @@ impl Fixture {
     pub fn add(&self, l: &TestLayer) -> Result<PathBuf> {
         Ok(self
             .store
-            .add_layer(&l.digest, l.toc.clone(), l.dyn_source())?)
+            .add_layer(&l.digest, (*l.toc).clone(), l.dyn_source())?)
     }
 
     /// Waits (bounded) until every layer's fill is done.

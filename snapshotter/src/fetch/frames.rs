@@ -69,6 +69,17 @@ pub struct FrameStore {
     last_demand_ms: AtomicU64,
     last_log: AtomicU64,
     started: Instant,
+    /// Compressed bytes of the range requests in flight.
+    in_flight: AtomicU64,
+}
+
+/// Subtracts a request's bytes from [`FrameStore::in_flight_bytes`] when it ends.
+struct InFlight<'a>(&'a AtomicU64, u64);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(self.1, Ordering::Relaxed);
+    }
 }
 
 /// A claimed in-flight frame: publishes the result, releases the claim on drop.
@@ -121,6 +132,7 @@ impl FrameStore {
             last_demand_ms: AtomicU64::new(0),
             last_log: AtomicU64::new(0),
             started: Instant::now(),
+            in_flight: AtomicU64::new(0),
         }
     }
 
@@ -132,6 +144,11 @@ impl FrameStore {
     /// The memory cache.
     pub fn l1(&self) -> &MemoryCache {
         &self.l1
+    }
+
+    /// Compressed bytes of the range requests in flight (held in memory until verified).
+    pub fn in_flight_bytes(&self) -> u64 {
+        self.in_flight.load(Ordering::Relaxed)
     }
 
     /// The frame if it is cached (L1, then L2), counting hits and misses. Local I/O only.
@@ -336,6 +353,8 @@ impl FrameStore {
         prio: Priority,
     ) -> Vec<(usize, Result<Bytes, FetchError>)> {
         let t0 = Instant::now();
+        self.in_flight.fetch_add(req.len, Ordering::Relaxed);
+        let _in_flight = InFlight(&self.in_flight, req.len);
         self.metrics.range_requests.fetch_add(1, Ordering::Relaxed);
         let res = source.read_range(req.offset, req.len).await;
         self.metrics.observe_fetch_latency(t0.elapsed());

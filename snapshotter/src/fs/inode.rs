@@ -1,4 +1,6 @@
-//! The inode table of one layer, built from its TOC: a pure function of the TOC.
+//! The inode table of one layer, built from its TOC (a pure function of the TOC), in a compact
+//! form: it is the only in-memory copy of a mounted layer's entries (the decoded [`Toc`] is
+//! dropped once the table is built).
 //!
 //! What the table shows is exactly what containerd's overlayfs snapshotter would have unpacked
 //! from the same OCI tar (archive.Apply with `OverlayConvertWhiteout`):
@@ -11,10 +13,19 @@
 //!   directory only updates its metadata);
 //! - hardlinks share the node of their target (`nlink` counts the names).
 //!
-//! Local node numbers are indices into [`LayerTable::nodes`]; node 0 is the layer root.
+//! Layout (86 heap bytes per entry on a synthetic 1M-entry TOC, see
+//! `compact_table_bytes_per_entry`; the decoded `Toc` plus the former table took ~10x): one
+//! fixed-size 48-byte record
+//! per node; all names in one byte arena; the directory entries of all directories in one
+//! array (each directory a run sorted by name, found by binary search); the payload chunks of
+//! all files in one array of 12-byte records (the file offset is the running sum); owners
+//! interned; the rare fields (link targets, device numbers, xattrs, sub-second mtimes) in side
+//! tables. [`LayerTable::toc_entry`] rebuilds the TOC entry a node came from.
+//!
+//! Local node numbers are indices into the records; node 0 is the layer root.
 
 use std::collections::HashMap;
-use weenv_format::{ChunkRef, Entry, EntryKind, Toc};
+use weenv_format::{ChunkRef, Entry, EntryKind, FrameIdx, Toc};
 
 /// Whiteout prefix of OCI layers.
 pub const WHITEOUT_PREFIX: &str = ".wh.";
@@ -25,6 +36,7 @@ pub const OPAQUE_XATTR: &str = "trusted.overlay.opaque";
 
 /// Type of a node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
 pub enum NodeKind {
     Dir,
     File,
@@ -34,99 +46,361 @@ pub enum NodeKind {
     Fifo,
 }
 
-/// One inode of a layer.
-#[derive(Clone, Debug)]
-pub struct Node {
-    pub kind: NodeKind,
-    /// Permission bits (incl. setuid/setgid/sticky).
-    pub perm: u32,
-    pub uid: u32,
-    pub gid: u32,
-    pub mtime: i64,
-    pub mtime_nsec: u32,
-    /// File size (regular files), target length (symlinks), 4096 (dirs).
-    pub size: u64,
-    pub nlink: u32,
-    pub rdev_major: u32,
-    pub rdev_minor: u32,
-    pub link: Option<String>,
-    pub xattrs: Vec<(String, Vec<u8>)>,
-    pub chunks: Vec<ChunkRef>,
-    /// Parent node (the root is its own parent).
-    pub parent: u32,
-    /// Children in tar order (dirs only): (name, node).
-    pub children: Vec<(String, u32)>,
+/// A TOC the compact table cannot represent.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum TableError {
+    #[error("the layer has more than {limit} {what}")]
+    TooLarge { what: &'static str, limit: u64 },
 }
 
-impl Node {
-    fn new(kind: NodeKind, parent: u32) -> Self {
-        Node {
-            kind,
-            perm: 0o755,
-            uid: 0,
-            gid: 0,
-            mtime: 0,
-            mtime_nsec: 0,
-            size: if kind == NodeKind::Dir { 4096 } else { 0 },
-            nlink: if kind == NodeKind::Dir { 2 } else { 1 },
-            rdev_major: 0,
-            rdev_minor: 0,
-            link: None,
-            xattrs: Vec::new(),
-            chunks: Vec::new(),
-            parent,
-            children: Vec::new(),
-        }
-    }
+const NONE: u32 = u32::MAX;
+/// Record flags.
+const WHITEOUT: u8 = 1;
+const OPAQUE: u8 = 2;
+/// Bits 4..7 of the flags: the [`EntryKind`] a whiteout entry had in the TOC.
+const WH_KIND_SHIFT: u8 = 4;
+/// Tar headers start on 512-byte blocks.
+const TAR_BLOCK: u64 = 512;
+/// `Rec::header_block` of a header offset that is not a block multiple below 2 TiB.
+const HEADER_IN_SIDE: u32 = u32::MAX;
 
-    /// 512-byte blocks, as ext4 would allocate them (4 KiB granularity).
-    pub fn blocks(&self) -> u64 {
-        match self.kind {
-            NodeKind::File => self.size.div_ceil(4096) * 8,
-            NodeKind::Dir => 8,
-            _ => 0,
-        }
-    }
-
-    /// The value of xattr `name`.
-    pub fn xattr(&self, name: &str) -> Option<&[u8]> {
-        self.xattrs
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, v)| v.as_slice())
-    }
+/// One node (48 bytes).
+#[derive(Clone, Copy, Debug)]
+struct Rec {
+    size: u64,
+    mtime: i64,
+    parent: u32,
+    /// Stream offset of the header of the TOC entry the node came from (0: implicit dir), in
+    /// 512-byte tar blocks ([`HEADER_IN_SIDE`]: see `LayerTable::headers`).
+    header_block: u32,
+    /// The directory entry naming this node under `parent` (NONE for the root).
+    dirent: u32,
+    /// Dirs: first directory entry; files: first chunk.
+    first: u32,
+    /// Dirs: number of directory entries; files: number of chunks.
+    count: u32,
+    owner: u32,
+    nlink: u32,
+    perm: u16,
+    kind: NodeKind,
+    flags: u8,
 }
 
-/// All nodes of one layer and a name index.
+/// A name in a directory (12 bytes).
+#[derive(Clone, Copy, Debug)]
+struct Dirent {
+    name: u32,
+    name_len: u32,
+    node: u32,
+}
+
+/// A slice of a file in a frame (12 bytes; the file offset is the sum of the lengths before).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Chunk {
+    frame: u32,
+    frame_offset: u32,
+    len: u32,
+}
+
+/// A node's xattrs: (name, value) pairs.
+type Xattrs = Box<[(Box<str>, Box<[u8]>)]>;
+
+/// All nodes of one layer.
 #[derive(Debug, Default)]
 pub struct LayerTable {
-    pub nodes: Vec<Node>,
-    names: HashMap<(u32, String), u32>,
+    recs: Vec<Rec>,
+    dirents: Vec<Dirent>,
+    names: Vec<u8>,
+    chunks: Vec<Chunk>,
+    owners: Vec<(u32, u32)>,
+    /// Symlink targets by node.
+    links: HashMap<u32, Box<str>>,
+    /// Device numbers by node.
+    devs: HashMap<u32, (u32, u32)>,
+    /// Header offsets that do not fit `Rec::header_block`, by node.
+    headers: HashMap<u32, u64>,
+    /// Non-zero sub-second mtimes by node.
+    nsecs: HashMap<u32, u32>,
+    /// Xattrs (as in the TOC, without the opaque marker) by node.
+    xattrs: HashMap<u32, Xattrs>,
     /// Entries that could not be represented (dangling hardlinks, paths under non-dirs).
     pub skipped: Vec<String>,
 }
 
-impl LayerTable {
-    /// Builds the table from `toc` (pure).
-    pub fn build(toc: &Toc) -> Self {
-        let mut t = LayerTable {
-            nodes: vec![Node::new(NodeKind::Dir, 0)],
-            ..Default::default()
-        };
-        for e in &toc.entries {
-            t.add_entry(e);
+/// A view of one node.
+#[derive(Clone, Copy)]
+pub struct Node<'a> {
+    t: &'a LayerTable,
+    id: u32,
+    r: &'a Rec,
+}
+
+impl<'a> Node<'a> {
+    /// Type as the filesystem shows it (a whiteout is a character device).
+    pub fn kind(&self) -> NodeKind {
+        if self.is_whiteout() {
+            NodeKind::Char
+        } else {
+            self.r.kind
         }
-        t
     }
 
-    /// Child `name` of directory `dir`.
+    fn is_whiteout(&self) -> bool {
+        self.r.flags & WHITEOUT != 0
+    }
+
+    /// Permission bits (incl. setuid/setgid/sticky).
+    pub fn perm(&self) -> u32 {
+        if self.is_whiteout() {
+            0
+        } else {
+            u32::from(self.r.perm)
+        }
+    }
+
+    pub fn uid(&self) -> u32 {
+        self.t.owners.get(self.r.owner as usize).map_or(0, |o| o.0)
+    }
+
+    pub fn gid(&self) -> u32 {
+        self.t.owners.get(self.r.owner as usize).map_or(0, |o| o.1)
+    }
+
+    pub fn mtime(&self) -> i64 {
+        self.r.mtime
+    }
+
+    pub fn mtime_nsec(&self) -> u32 {
+        self.t.nsecs.get(&self.id).copied().unwrap_or(0)
+    }
+
+    /// File size (regular files), target length (symlinks), 4096 (dirs).
+    pub fn size(&self) -> u64 {
+        if self.is_whiteout() {
+            0
+        } else {
+            self.r.size
+        }
+    }
+
+    pub fn nlink(&self) -> u32 {
+        self.r.nlink
+    }
+
+    /// Parent node (the root is its own parent).
+    pub fn parent(&self) -> u32 {
+        self.r.parent
+    }
+
+    /// Device numbers (0:0 for whiteouts and non-devices).
+    pub fn rdev(&self) -> (u32, u32) {
+        if self.is_whiteout() {
+            return (0, 0);
+        }
+        self.t.devs.get(&self.id).copied().unwrap_or((0, 0))
+    }
+
+    /// Symlink target.
+    pub fn link(&self) -> Option<&'a str> {
+        if self.kind() != NodeKind::Symlink {
+            return None;
+        }
+        self.t.links.get(&self.id).map(|s| &**s)
+    }
+
+    /// The value of xattr `name` (a whiteout has none).
+    pub fn xattr(&self, name: &str) -> Option<&'a [u8]> {
+        if name == OPAQUE_XATTR && self.r.flags & OPAQUE != 0 {
+            return Some(b"y");
+        }
+        if self.is_whiteout() {
+            return None;
+        }
+        self.t
+            .xattrs
+            .get(&self.id)?
+            .iter()
+            .find(|(n, _)| &**n == name)
+            .map(|(_, v)| &**v)
+    }
+
+    /// Names of the xattrs.
+    pub fn xattr_names(&self) -> Vec<&'a str> {
+        let mut v: Vec<&str> = self
+            .t
+            .xattrs
+            .get(&self.id)
+            .filter(|_| !self.is_whiteout())
+            .map(|x| x.iter().map(|(n, _)| &**n).collect())
+            .unwrap_or_default();
+        if self.r.flags & OPAQUE != 0 {
+            v.push(OPAQUE_XATTR);
+        }
+        v
+    }
+
+    /// Payload chunks in file order (regular files).
+    pub fn chunks(&self) -> Vec<ChunkRef> {
+        if self.kind() != NodeKind::File {
+            return Vec::new();
+        }
+        self.t.chunks_of(self.r)
+    }
+
+    /// Number of payload chunks.
+    pub fn chunk_count(&self) -> usize {
+        if self.kind() == NodeKind::File {
+            self.r.count as usize
+        } else {
+            0
+        }
+    }
+
+    /// Children in name order (dirs): (name, node).
+    pub fn children(&self) -> impl Iterator<Item = (&'a str, u32)> + 'a {
+        let t = self.t;
+        let run: &'a [Dirent] = if self.r.kind == NodeKind::Dir {
+            t.run(self.r)
+        } else {
+            &[]
+        };
+        run.iter().map(move |d| (t.name(d), d.node))
+    }
+
+    /// Child number `i` in name order (dirs).
+    pub fn child(&self, i: usize) -> Option<(&'a str, u32)> {
+        if self.r.kind != NodeKind::Dir {
+            return None;
+        }
+        self.t.run(self.r).get(i).map(|d| (self.t.name(d), d.node))
+    }
+
+    /// 512-byte blocks, as ext4 would allocate them (4 KiB granularity).
+    pub fn blocks(&self) -> u64 {
+        match self.kind() {
+            NodeKind::File => self.size().div_ceil(4096) * 8,
+            NodeKind::Dir => 8,
+            _ => 0,
+        }
+    }
+}
+
+impl LayerTable {
+    /// Builds the table from `toc` (pure).
+    pub fn build(toc: &Toc) -> Result<Self, TableError> {
+        let mut b = Builder::default();
+        b.push(Rec {
+            size: 4096,
+            mtime: 0,
+            parent: 0,
+            header_block: 0,
+            dirent: NONE,
+            first: 0,
+            count: 0,
+            owner: 0,
+            nlink: 2,
+            perm: 0o755,
+            kind: NodeKind::Dir,
+            flags: 0,
+        })?;
+        for e in &toc.entries {
+            b.add_entry(e)?;
+        }
+        b.finish()
+    }
+
+    /// Number of nodes.
+    pub fn len(&self) -> usize {
+        self.recs.len()
+    }
+
+    /// True if the table has only... never: the root always exists.
+    pub fn is_empty(&self) -> bool {
+        self.recs.is_empty()
+    }
+
+    /// Node numbers, in order.
+    pub fn ids(&self) -> std::ops::Range<u32> {
+        0..u32::try_from(self.recs.len()).unwrap_or(u32::MAX)
+    }
+
+    /// Bytes this table holds on the heap (for `/status`).
+    pub fn heap_bytes(&self) -> u64 {
+        use std::mem::size_of;
+        let side = |n: usize, each: usize| (n * (each + 8)) as u64; // hashbrown: entry + ctrl/slack
+        let mut b = (self.recs.capacity() * size_of::<Rec>()
+            + self.dirents.capacity() * size_of::<Dirent>()
+            + self.names.capacity()
+            + self.chunks.capacity() * size_of::<Chunk>()
+            + self.owners.capacity() * 8) as u64;
+        b += side(self.links.capacity(), 4 + 16)
+            + self.links.values().map(|s| s.len() as u64).sum::<u64>();
+        b += side(self.devs.capacity(), 12) + side(self.nsecs.capacity(), 8);
+        b += side(self.headers.capacity(), 16);
+        b += side(self.xattrs.capacity(), 4 + 16);
+        for x in self.xattrs.values() {
+            b += x
+                .iter()
+                .map(|(k, v)| 32 + (k.len() + v.len()) as u64)
+                .sum::<u64>();
+        }
+        b + self
+            .skipped
+            .iter()
+            .map(|s| 24 + s.len() as u64)
+            .sum::<u64>()
+    }
+
+    fn name(&self, d: &Dirent) -> &str {
+        let s = d.name as usize;
+        self.names
+            .get(s..s + d.name_len as usize)
+            .and_then(|b| std::str::from_utf8(b).ok())
+            .unwrap_or("")
+    }
+
+    fn run(&self, r: &Rec) -> &[Dirent] {
+        let s = r.first as usize;
+        self.dirents.get(s..s + r.count as usize).unwrap_or(&[])
+    }
+
+    fn chunks_of(&self, r: &Rec) -> Vec<ChunkRef> {
+        let s = r.first as usize;
+        let mut off = 0u64;
+        self.chunks
+            .get(s..s + r.count as usize)
+            .unwrap_or(&[])
+            .iter()
+            .map(|c| {
+                let cr = ChunkRef {
+                    file_offset: off,
+                    frame: FrameIdx(c.frame),
+                    frame_offset: u64::from(c.frame_offset),
+                    len: u64::from(c.len),
+                };
+                off += u64::from(c.len);
+                cr
+            })
+            .collect()
+    }
+
+    /// Child `name` of directory `dir` (binary search).
     pub fn lookup(&self, dir: u32, name: &str) -> Option<u32> {
-        self.names.get(&(dir, name.to_string())).copied()
+        let r = self.recs.get(dir as usize)?;
+        if r.kind != NodeKind::Dir {
+            return None;
+        }
+        let run = self.run(r);
+        run.binary_search_by(|d| self.name(d).as_bytes().cmp(name.as_bytes()))
+            .ok()
+            .map(|i| run[i].node)
     }
 
     /// The node `n`.
-    pub fn node(&self, n: u32) -> Option<&Node> {
-        self.nodes.get(n as usize)
+    pub fn node(&self, n: u32) -> Option<Node<'_>> {
+        self.recs
+            .get(n as usize)
+            .map(|r| Node { t: self, id: n, r })
     }
 
     /// Relative path of `n` ("" for the root). A hardlinked file has several; this is the one
@@ -139,14 +413,9 @@ impl LayerTable {
                 comps.reverse();
                 return Some(comps.join("/"));
             }
-            let parent = self.node(cur)?.parent;
-            let (name, _) = self
-                .node(parent)?
-                .children
-                .iter()
-                .find(|(_, c)| *c == cur)?;
-            comps.push(name.as_str());
-            cur = parent;
+            let r = self.recs.get(cur as usize)?;
+            comps.push(self.name(self.dirents.get(r.dirent as usize)?));
+            cur = r.parent;
         }
         None
     }
@@ -160,52 +429,248 @@ impl LayerTable {
         Some(cur)
     }
 
+    /// The TOC entry node `n` was made from, rebuilt (implicit directories and the root get
+    /// the entry a `Dir` of their metadata would have; a whiteout gets its `.wh.` entry).
+    pub fn toc_entry(&self, n: u32) -> Option<Entry> {
+        let node = self.node(n)?;
+        let r = node.r;
+        let mut path = self.path_of(n)?;
+        let kind = if r.flags & WHITEOUT != 0 {
+            if let Some(i) = path.rfind('/') {
+                path.insert_str(i + 1, WHITEOUT_PREFIX);
+            } else {
+                path.insert_str(0, WHITEOUT_PREFIX);
+            }
+            entry_kind_from_bits(r.flags >> WH_KIND_SHIFT)
+        } else {
+            match r.kind {
+                NodeKind::Dir => EntryKind::Dir,
+                NodeKind::File => EntryKind::File,
+                NodeKind::Symlink => EntryKind::Symlink,
+                NodeKind::Char => EntryKind::Char,
+                NodeKind::Block => EntryKind::Block,
+                NodeKind::Fifo => EntryKind::Fifo,
+            }
+        };
+        let (devmajor, devminor) = self.devs.get(&n).copied().unwrap_or((0, 0));
+        let file = kind == EntryKind::File;
+        Some(Entry {
+            path,
+            header: match r.header_block {
+                HEADER_IN_SIDE => self.headers.get(&n).copied().unwrap_or(0),
+                b => u64::from(b) * TAR_BLOCK,
+            },
+            kind,
+            mode: u32::from(r.perm),
+            uid: node.uid(),
+            gid: node.gid(),
+            mtime: r.mtime,
+            mtime_nsec: node.mtime_nsec(),
+            size: if file { r.size } else { 0 },
+            link: self.links.get(&n).map(|s| s.to_string()),
+            devmajor,
+            devminor,
+            xattrs: self
+                .xattrs
+                .get(&n)
+                .map(|x| x.iter().map(|(k, v)| (k.to_string(), v.to_vec())).collect())
+                .unwrap_or_default(),
+            chunks: if file { self.chunks_of(r) } else { Vec::new() },
+        })
+    }
+}
+
+fn entry_kind_bits(k: EntryKind) -> u8 {
+    match k {
+        EntryKind::File => 0,
+        EntryKind::Dir => 1,
+        EntryKind::Symlink => 2,
+        EntryKind::Hardlink => 3,
+        EntryKind::Char => 4,
+        EntryKind::Block => 5,
+        EntryKind::Fifo => 6,
+    }
+}
+
+fn entry_kind_from_bits(b: u8) -> EntryKind {
+    match b & 7 {
+        1 => EntryKind::Dir,
+        2 => EntryKind::Symlink,
+        3 => EntryKind::Hardlink,
+        4 => EntryKind::Char,
+        5 => EntryKind::Block,
+        6 => EntryKind::Fifo,
+        _ => EntryKind::File,
+    }
+}
+
+/// The mutable form used while reading the TOC: children in per-directory lists and a name
+/// index borrowing the TOC's paths; [`Builder::finish`] packs them.
+#[derive(Default)]
+struct Builder<'a> {
+    t: LayerTable,
+    children: HashMap<u32, Vec<(&'a str, u32)>>,
+    names: HashMap<(u32, &'a str), u32>,
+    owners: HashMap<(u32, u32), u32>,
+}
+
+fn too_large(what: &'static str) -> TableError {
+    TableError::TooLarge {
+        what,
+        limit: u32::MAX.into(),
+    }
+}
+
+fn small(v: u64, what: &'static str) -> Result<u32, TableError> {
+    u32::try_from(v).map_err(|_| too_large(what))
+}
+
+impl<'a> Builder<'a> {
+    fn push(&mut self, r: Rec) -> Result<u32, TableError> {
+        let id = small(self.t.recs.len() as u64, "nodes")?;
+        if id == NONE {
+            return Err(too_large("nodes"));
+        }
+        self.t.recs.push(r);
+        Ok(id)
+    }
+
+    fn rec(&mut self, n: u32) -> &mut Rec {
+        &mut self.t.recs[n as usize]
+    }
+
+    fn kind(&self, n: u32) -> NodeKind {
+        let r = &self.t.recs[n as usize];
+        if r.flags & WHITEOUT != 0 {
+            NodeKind::Char
+        } else {
+            r.kind
+        }
+    }
+
+    fn owner(&mut self, uid: u32, gid: u32) -> u32 {
+        let next = self.t.owners.len() as u32;
+        *self.owners.entry((uid, gid)).or_insert_with(|| {
+            self.t.owners.push((uid, gid));
+            next
+        })
+    }
+
+    fn new_rec(&mut self, kind: NodeKind, parent: u32) -> Rec {
+        Rec {
+            size: if kind == NodeKind::Dir { 4096 } else { 0 },
+            mtime: 0,
+            parent,
+            header_block: 0,
+            dirent: NONE,
+            first: 0,
+            count: 0,
+            owner: self.owner(0, 0),
+            nlink: if kind == NodeKind::Dir { 2 } else { 1 },
+            perm: 0o755,
+            kind,
+            flags: 0,
+        }
+    }
+
     /// Makes sure every directory of `comps` exists under the root; returns the last one.
-    fn ensure_dirs(&mut self, comps: &[&str]) -> Option<u32> {
+    fn ensure_dirs(&mut self, comps: &[&'a str]) -> Result<Option<u32>, TableError> {
         let mut cur = 0u32;
         for c in comps {
-            cur = match self.lookup(cur, c) {
-                Some(n) if self.nodes[n as usize].kind == NodeKind::Dir => n,
-                Some(_) => return None,
-                None => self.insert_child(cur, c, Node::new(NodeKind::Dir, cur)),
+            cur = match self.names.get(&(cur, *c)).copied() {
+                Some(n) if self.kind(n) == NodeKind::Dir => n,
+                Some(_) => return Ok(None),
+                None => {
+                    let r = self.new_rec(NodeKind::Dir, cur);
+                    self.insert_child(cur, c, r)?
+                }
             };
         }
-        Some(cur)
+        Ok(Some(cur))
     }
 
-    fn insert_child(&mut self, dir: u32, name: &str, node: Node) -> u32 {
-        let id = self.nodes.len() as u32;
-        let is_dir = node.kind == NodeKind::Dir;
-        self.nodes.push(node);
+    fn insert_child(&mut self, dir: u32, name: &'a str, r: Rec) -> Result<u32, TableError> {
+        let is_dir = r.kind == NodeKind::Dir && r.flags & WHITEOUT == 0;
+        let id = self.push(r)?;
         self.link_name(dir, name, id, is_dir);
-        id
+        Ok(id)
     }
 
-    fn link_name(&mut self, dir: u32, name: &str, id: u32, is_dir: bool) {
+    fn link_name(&mut self, dir: u32, name: &'a str, id: u32, is_dir: bool) {
         self.unlink_name(dir, name);
-        self.names.insert((dir, name.to_string()), id);
-        let d = &mut self.nodes[dir as usize];
-        d.children.push((name.to_string(), id));
+        self.names.insert((dir, name), id);
+        self.children.entry(dir).or_default().push((name, id));
         if is_dir {
-            d.nlink += 1;
+            self.rec(dir).nlink += 1;
         }
     }
 
-    fn unlink_name(&mut self, dir: u32, name: &str) {
-        if let Some(old) = self.names.remove(&(dir, name.to_string())) {
-            let old_is_dir = self.nodes[old as usize].kind == NodeKind::Dir;
-            let o = &mut self.nodes[old as usize];
+    fn unlink_name(&mut self, dir: u32, name: &'a str) {
+        if let Some(old) = self.names.remove(&(dir, name)) {
+            let old_is_dir = self.kind(old) == NodeKind::Dir;
+            let o = self.rec(old);
             o.nlink = o.nlink.saturating_sub(1);
-            let d = &mut self.nodes[dir as usize];
-            d.children.retain(|(n, _)| n != name);
+            if let Some(c) = self.children.get_mut(&dir) {
+                c.retain(|(n, _)| *n != name);
+            }
             if old_is_dir {
+                let d = self.rec(dir);
                 d.nlink = d.nlink.saturating_sub(1);
             }
         }
     }
 
-    fn add_entry(&mut self, e: &Entry) {
-        let comps: Vec<&str> = e
+    fn apply_meta(&mut self, n: u32, e: &Entry) {
+        let owner = self.owner(e.uid, e.gid);
+        let r = self.rec(n);
+        // The TOC is validated (mode <= 0o7777); the mask only keeps the type honest.
+        r.perm = (e.mode & 0o7777) as u16;
+        r.owner = owner;
+        r.mtime = e.mtime;
+        r.header_block = match u32::try_from(e.header / TAR_BLOCK) {
+            Ok(b) if e.header.is_multiple_of(TAR_BLOCK) && b != HEADER_IN_SIDE => b,
+            _ => HEADER_IN_SIDE,
+        };
+        if r.header_block == HEADER_IN_SIDE {
+            self.t.headers.insert(n, e.header);
+        } else {
+            self.t.headers.remove(&n);
+        }
+        if e.mtime_nsec != 0 {
+            self.t.nsecs.insert(n, e.mtime_nsec);
+        } else {
+            self.t.nsecs.remove(&n);
+        }
+        if e.xattrs.is_empty() {
+            self.t.xattrs.remove(&n);
+        } else {
+            self.t.xattrs.insert(
+                n,
+                e.xattrs
+                    .iter()
+                    .map(|(k, v)| (k.as_str().into(), v.as_slice().into()))
+                    .collect(),
+            );
+        }
+    }
+
+    fn add_chunks(&mut self, n: u32, e: &Entry) -> Result<(), TableError> {
+        let first = small(self.t.chunks.len() as u64, "chunks")?;
+        for c in &e.chunks {
+            self.t.chunks.push(Chunk {
+                frame: c.frame.0,
+                frame_offset: small(c.frame_offset, "bytes in a frame")?,
+                len: small(c.len, "bytes in a chunk")?,
+            });
+        }
+        let r = self.rec(n);
+        r.first = first;
+        r.count = small(e.chunks.len() as u64, "chunks")?;
+        Ok(())
+    }
+
+    fn add_entry(&mut self, e: &'a Entry) -> Result<(), TableError> {
+        let comps: Vec<&'a str> = e
             .path
             .split('/')
             .filter(|c| !c.is_empty() && *c != ".")
@@ -213,53 +678,53 @@ impl LayerTable {
         let Some((name, parents)) = comps.split_last() else {
             // The layer root itself.
             if e.kind == EntryKind::Dir {
-                apply_meta(&mut self.nodes[0], e);
+                self.apply_meta(0, e);
             }
-            return;
+            return Ok(());
         };
-        let Some(dir) = self.ensure_dirs(parents) else {
-            self.skipped.push(e.path.clone());
-            return;
+        let Some(dir) = self.ensure_dirs(parents)? else {
+            self.t.skipped.push(e.path.clone());
+            return Ok(());
         };
         if *name == WHITEOUT_OPAQUE {
-            let d = &mut self.nodes[dir as usize];
-            d.xattrs.retain(|(n, _)| n != OPAQUE_XATTR);
-            d.xattrs.push((OPAQUE_XATTR.to_string(), b"y".to_vec()));
-            return;
+            self.rec(dir).flags |= OPAQUE;
+            return Ok(());
         }
         if let Some(hidden) = name.strip_prefix(WHITEOUT_PREFIX) {
             if hidden.starts_with(WHITEOUT_PREFIX) || hidden.is_empty() {
-                return; // aufs metadata (.wh..wh.plnk, ...): not materialised by containerd.
+                return Ok(()); // aufs metadata (.wh..wh.plnk, ...): not materialised by containerd.
             }
-            let mut n = Node::new(NodeKind::Char, dir);
-            n.perm = 0;
-            n.uid = e.uid;
-            n.gid = e.gid;
-            n.mtime = e.mtime;
-            n.mtime_nsec = e.mtime_nsec;
-            self.insert_child(dir, hidden, n);
-            return;
+            let mut r = self.new_rec(NodeKind::Char, dir);
+            r.flags = WHITEOUT | (entry_kind_bits(e.kind) << WH_KIND_SHIFT);
+            r.size = e.size;
+            let n = self.insert_child(dir, hidden, r)?;
+            self.apply_meta(n, e);
+            self.keep_rare(n, e);
+            if e.kind == EntryKind::File {
+                self.add_chunks(n, e)?;
+            }
+            return Ok(());
         }
         match e.kind {
             EntryKind::Dir => {
-                if let Some(existing) = self.lookup(dir, name) {
-                    if self.nodes[existing as usize].kind == NodeKind::Dir {
-                        apply_meta(&mut self.nodes[existing as usize], e);
-                        return;
+                if let Some(existing) = self.names.get(&(dir, *name)).copied() {
+                    if self.kind(existing) == NodeKind::Dir {
+                        self.apply_meta(existing, e);
+                        return Ok(());
                     }
                 }
-                let mut n = Node::new(NodeKind::Dir, dir);
-                apply_meta(&mut n, e);
-                self.insert_child(dir, name, n);
+                let r = self.new_rec(NodeKind::Dir, dir);
+                let n = self.insert_child(dir, name, r)?;
+                self.apply_meta(n, e);
             }
             EntryKind::Hardlink => {
                 let target = e.link.as_deref().and_then(|l| self.resolve(l));
                 match target {
-                    Some(t) if self.nodes[t as usize].kind != NodeKind::Dir => {
+                    Some(t) if self.kind(t) != NodeKind::Dir => {
                         self.link_name(dir, name, t, false);
-                        self.nodes[t as usize].nlink += 1;
+                        self.rec(t).nlink += 1;
                     }
-                    _ => self.skipped.push(e.path.clone()),
+                    _ => self.t.skipped.push(e.path.clone()),
                 }
             }
             kind => {
@@ -270,43 +735,84 @@ impl LayerTable {
                     EntryKind::Block => NodeKind::Block,
                     _ => NodeKind::Fifo,
                 };
-                let mut n = Node::new(nk, dir);
-                apply_meta(&mut n, e);
-                match nk {
-                    NodeKind::File => {
-                        n.size = e.size;
-                        n.chunks = e.chunks.clone();
-                    }
-                    NodeKind::Symlink => {
-                        n.link = e.link.clone();
-                        n.size = e.link.as_ref().map_or(0, |l| l.len() as u64);
-                    }
-                    NodeKind::Char | NodeKind::Block => {
-                        n.rdev_major = e.devmajor;
-                        n.rdev_minor = e.devminor;
-                    }
-                    _ => {}
+                let mut r = self.new_rec(nk, dir);
+                r.size = match nk {
+                    NodeKind::File => e.size,
+                    NodeKind::Symlink => e.link.as_ref().map_or(0, |l| l.len() as u64),
+                    _ => 0,
+                };
+                let n = self.insert_child(dir, name, r)?;
+                self.apply_meta(n, e);
+                self.keep_rare(n, e);
+                if nk == NodeKind::File {
+                    self.add_chunks(n, e)?;
                 }
-                self.insert_child(dir, name, n);
             }
         }
+        Ok(())
     }
-}
 
-fn apply_meta(n: &mut Node, e: &Entry) {
-    n.perm = e.mode & 0o7777;
-    n.uid = e.uid;
-    n.gid = e.gid;
-    n.mtime = e.mtime;
-    n.mtime_nsec = e.mtime_nsec;
-    let opaque = n.xattr(OPAQUE_XATTR).map(<[u8]>::to_vec);
-    n.xattrs = e
-        .xattrs
-        .iter()
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
-    if let Some(v) = opaque {
-        n.xattrs.push((OPAQUE_XATTR.to_string(), v));
+    /// Link target and device numbers, kept in side tables.
+    fn keep_rare(&mut self, n: u32, e: &Entry) {
+        if let Some(l) = &e.link {
+            self.t.links.insert(n, l.as_str().into());
+        }
+        if e.devmajor != 0 || e.devminor != 0 {
+            self.t.devs.insert(n, (e.devmajor, e.devminor));
+        }
+    }
+
+    fn resolve(&self, path: &str) -> Option<u32> {
+        let mut cur = 0;
+        for comp in path.split('/').filter(|c| !c.is_empty() && *c != ".") {
+            cur = *self.names.get(&(cur, comp))?;
+        }
+        Some(cur)
+    }
+
+    /// Packs the directory lists into the sorted dirent array and the name arena.
+    fn finish(mut self) -> Result<LayerTable, TableError> {
+        let mut t = std::mem::take(&mut self.t);
+        let mut dirs: Vec<(u32, Vec<(&str, u32)>)> = self.children.into_iter().collect();
+        dirs.sort_unstable_by_key(|(d, _)| *d);
+        let total: usize = dirs.iter().map(|(_, c)| c.len()).sum();
+        t.dirents.reserve_exact(total);
+        t.names.reserve_exact(
+            dirs.iter()
+                .flat_map(|(_, c)| c.iter().map(|(n, _)| n.len()))
+                .sum(),
+        );
+        for (dir, mut kids) in dirs {
+            kids.sort_unstable_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+            let first = small(t.dirents.len() as u64, "directory entries")?;
+            for (name, node) in &kids {
+                let at = small(t.dirents.len() as u64, "directory entries")?;
+                let off = small(t.names.len() as u64, "bytes of names")?;
+                t.names.extend_from_slice(name.as_bytes());
+                t.dirents.push(Dirent {
+                    name: off,
+                    name_len: small(name.len() as u64, "bytes in a name")?,
+                    node: *node,
+                });
+                if let Some(r) = t.recs.get_mut(*node as usize) {
+                    if r.parent == dir && r.dirent == NONE {
+                        r.dirent = at;
+                    }
+                }
+            }
+            let r = &mut t.recs[dir as usize];
+            r.first = first;
+            r.count = small(kids.len() as u64, "directory entries")?;
+        }
+        t.recs.shrink_to_fit();
+        t.chunks.shrink_to_fit();
+        t.owners.shrink_to_fit();
+        t.links.shrink_to_fit();
+        t.devs.shrink_to_fit();
+        t.nsecs.shrink_to_fit();
+        t.headers.shrink_to_fit();
+        t.xattrs.shrink_to_fit();
+        Ok(t)
     }
 }
 
@@ -348,26 +854,32 @@ pub(crate) mod tests {
         }
     }
 
+    fn build(entries: Vec<Entry>) -> LayerTable {
+        LayerTable::build(&toc(entries)).unwrap()
+    }
+
+    fn names(t: &LayerTable, n: u32) -> Vec<&str> {
+        t.node(n).unwrap().children().map(|(n, _)| n).collect()
+    }
+
     #[test]
     fn implicit_dirs_and_dir_nlink() {
-        let t = LayerTable::build(&toc(vec![
-            entry("a/b/c.txt", EntryKind::File),
+        let t = build(vec![
             entry("a/d", EntryKind::Dir),
+            entry("a/b/c.txt", EntryKind::File),
             entry("a", EntryKind::Dir),
-        ]));
+        ]);
         let a = t.resolve("a").unwrap();
-        assert_eq!(t.node(a).unwrap().kind, NodeKind::Dir);
-        assert_eq!(t.node(a).unwrap().nlink, 4, "2 + subdirs b and d");
-        assert_eq!(t.node(0).unwrap().nlink, 3);
-        let names: Vec<_> = t
-            .node(a)
-            .unwrap()
-            .children
-            .iter()
-            .map(|(n, _)| n.as_str())
-            .collect();
-        assert_eq!(names, ["b", "d"]);
+        assert_eq!(t.node(a).unwrap().kind(), NodeKind::Dir);
+        assert_eq!(t.node(a).unwrap().nlink(), 4, "2 + subdirs b and d");
+        assert_eq!(t.node(0).unwrap().nlink(), 3);
+        assert_eq!(names(&t, a), ["b", "d"], "name order");
         assert!(t.resolve("a/b/c.txt").is_some());
+        assert_eq!(
+            t.path_of(t.resolve("a/b/c.txt").unwrap()).unwrap(),
+            "a/b/c.txt"
+        );
+        assert_eq!(t.node(a).unwrap().child(1).map(|c| c.0), Some("d"));
     }
 
     #[test]
@@ -378,34 +890,37 @@ pub(crate) mod tests {
         h.link = Some("bin/busybox".into());
         let mut dangling = entry("bin/x", EntryKind::Hardlink);
         dangling.link = Some("nope".into());
-        let t = LayerTable::build(&toc(vec![f, h, dangling]));
+        let t = build(vec![f, h, dangling]);
         let a = t.resolve("bin/busybox").unwrap();
         assert_eq!(t.resolve("bin/sh"), Some(a));
-        assert_eq!(t.node(a).unwrap().nlink, 2);
+        assert_eq!(t.node(a).unwrap().nlink(), 2);
         assert_eq!(t.skipped, ["bin/x"]);
+        assert_eq!(t.path_of(a).unwrap(), "bin/busybox");
     }
 
     #[test]
     fn whiteouts_and_opaque_dirs() {
         let mut wh = entry("etc/.wh.passwd", EntryKind::File);
         wh.uid = 7;
-        let t = LayerTable::build(&toc(vec![
+        let t = build(vec![
             entry("etc", EntryKind::Dir),
-            wh,
+            wh.clone(),
             entry("var/lib/.wh..wh..opq", EntryKind::File),
             entry("var/lib/.wh..wh.plnk", EntryKind::File),
             entry("var/lib/x", EntryKind::File),
-        ]));
-        let w = t.node(t.resolve("etc/passwd").unwrap()).unwrap();
+        ]);
+        let wn = t.resolve("etc/passwd").unwrap();
+        let w = t.node(wn).unwrap();
         assert_eq!(
-            (w.kind, w.rdev_major, w.rdev_minor, w.perm, w.uid),
-            (NodeKind::Char, 0, 0, 0, 7)
+            (w.kind(), w.rdev(), w.perm(), w.uid()),
+            (NodeKind::Char, (0, 0), 0, 7)
         );
+        assert_eq!(t.toc_entry(wn), Some(wh), "the whiteout's own entry");
         assert!(t.resolve("etc/.wh.passwd").is_none());
         let lib = t.node(t.resolve("var/lib").unwrap()).unwrap();
         assert_eq!(lib.xattr(OPAQUE_XATTR), Some(&b"y"[..]));
-        let names: Vec<_> = lib.children.iter().map(|(n, _)| n.as_str()).collect();
-        assert_eq!(names, ["x"]);
+        assert_eq!(lib.xattr_names(), [OPAQUE_XATTR]);
+        assert_eq!(names(&t, t.resolve("var/lib").unwrap()), ["x"]);
         assert_eq!(
             t.node(t.resolve("var").unwrap())
                 .unwrap()
@@ -420,19 +935,30 @@ pub(crate) mod tests {
         d.xattrs.insert("user.k".into(), b"v".to_vec());
         let mut s = entry("d/f", EntryKind::Symlink);
         s.link = Some("target".into());
-        let t = LayerTable::build(&toc(vec![
+        let t = build(vec![
             entry("d/.wh..wh..opq", EntryKind::File),
-            d,
+            d.clone(),
             entry("d/f", EntryKind::File),
-            s,
+            s.clone(),
             entry("", EntryKind::Dir),
-        ]));
-        let dn = t.node(t.resolve("d").unwrap()).unwrap();
+        ]);
+        let dnode = t.resolve("d").unwrap();
+        let dn = t.node(dnode).unwrap();
         assert_eq!(dn.xattr(OPAQUE_XATTR), Some(&b"y"[..]));
         assert_eq!(dn.xattr("user.k"), Some(&b"v"[..]));
-        let f = t.node(t.resolve("d/f").unwrap()).unwrap();
-        assert_eq!((f.kind, f.size), (NodeKind::Symlink, 6));
-        assert_eq!(dn.children.len(), 1);
+        let fnode = t.resolve("d/f").unwrap();
+        let f = t.node(fnode).unwrap();
+        assert_eq!(
+            (f.kind(), f.size(), f.link()),
+            (NodeKind::Symlink, 6, Some("target"))
+        );
+        assert_eq!(dn.children().count(), 1);
+        assert_eq!(
+            t.toc_entry(dnode),
+            Some(d),
+            "xattrs without the opaque marker"
+        );
+        assert_eq!(t.toc_entry(fnode), Some(s));
     }
 
     #[test]
@@ -440,11 +966,17 @@ pub(crate) mod tests {
         let mut c = entry("dev/null", EntryKind::Char);
         c.devmajor = 1;
         c.devminor = 3;
-        let t = LayerTable::build(&toc(vec![c, entry("p", EntryKind::Fifo)]));
-        let n = t.node(t.resolve("dev/null").unwrap()).unwrap();
-        assert_eq!(makedev(n.rdev_major, n.rdev_minor), 0x103);
+        c.header = 1000; // not on a tar block: kept in the side table
+        let mut p = entry("p", EntryKind::Fifo);
+        p.header = 5 << 40; // past 2 TiB: side table too
+        let t = build(vec![c.clone(), p.clone()]);
+        assert_eq!(t.toc_entry(t.resolve("p").unwrap()), Some(p));
+        let nn = t.resolve("dev/null").unwrap();
+        let (ma, mi) = t.node(nn).unwrap().rdev();
+        assert_eq!(makedev(ma, mi), 0x103);
+        assert_eq!(t.toc_entry(nn), Some(c));
         assert_eq!(
-            t.node(t.resolve("p").unwrap()).unwrap().kind,
+            t.node(t.resolve("p").unwrap()).unwrap().kind(),
             NodeKind::Fifo
         );
         assert_eq!(
@@ -464,17 +996,67 @@ pub(crate) mod tests {
             T::File("x/.wh.gone", Vec::new()),
         ]);
         let (_, toc, _) = build_layer(&tar, 4096);
-        let t = LayerTable::build(&toc);
+        let t = LayerTable::build(&toc).unwrap();
         let f = t.resolve("d/f").unwrap();
         assert_eq!(t.resolve("d/g"), Some(f));
         let n = t.node(f).unwrap();
-        assert_eq!((n.size, n.nlink, n.chunks.len()), (5, 2, 1));
+        assert_eq!((n.size(), n.nlink(), n.chunks().len()), (5, 2, 1));
         let s = t.node(t.resolve("s").unwrap()).unwrap();
-        assert_eq!(s.link.as_deref(), Some("d/f"));
+        assert_eq!(s.link(), Some("d/f"));
         assert_eq!(
-            t.node(t.resolve("x/gone").unwrap()).unwrap().kind,
+            t.node(t.resolve("x/gone").unwrap()).unwrap().kind(),
             NodeKind::Char
         );
         assert!(t.skipped.is_empty());
+        // every entry that made a node comes back as it was in the TOC
+        for e in toc.entries.iter().filter(|e| e.kind != EntryKind::Hardlink) {
+            let n = t.resolve(&e.path.replace(".wh.", "")).unwrap();
+            assert_eq!(t.toc_entry(n).as_ref(), Some(e), "{}", e.path);
+        }
+    }
+
+    /// A synthetic TOC of 1M entries (Debian-like: 10% dirs, 10% symlinks, files of one chunk,
+    /// names of ~12 bytes): the table's heap plus the 5 bytes of per-node read state a
+    /// [`super::layer::Layer`] adds must stay under 100 bytes per entry.
+    #[test]
+    fn compact_table_bytes_per_entry() {
+        const N: usize = 1_000_000;
+        let mut entries = Vec::with_capacity(N);
+        let mut dirs = vec![String::new()];
+        for i in 0..N {
+            let parent = &dirs[(i / 37) % dirs.len()];
+            let path = format!(
+                "{parent}{}entry{i:07}",
+                if parent.is_empty() { "" } else { "/" }
+            );
+            let kind = match i % 10 {
+                0 => EntryKind::Dir,
+                1 => EntryKind::Symlink,
+                _ => EntryKind::File,
+            };
+            let mut e = entry(&path, kind);
+            e.mtime += i as i64;
+            e.header = i as u64 * 1536;
+            match kind {
+                EntryKind::Dir => dirs.push(path),
+                EntryKind::Symlink => e.link = Some(format!("../lib/x{i}")),
+                _ => {
+                    e.size = 1000 + i as u64 % 5000;
+                    e.chunks = vec![ChunkRef {
+                        file_offset: 0,
+                        frame: FrameIdx((i / 300) as u32),
+                        frame_offset: (i % 300) as u64 * 3000,
+                        len: e.size,
+                    }];
+                }
+            }
+            entries.push(e);
+        }
+        assert_eq!(std::mem::size_of::<Rec>(), 48);
+        let t = build(entries);
+        assert_eq!(t.len(), N + 1);
+        let per_entry = t.heap_bytes() as f64 / N as f64;
+        println!("compact inode table: {per_entry:.1} heap bytes per entry ({N} entries)");
+        assert!(per_entry + 5.0 <= 100.0, "{per_entry:.1} B/entry");
     }
 }

@@ -5,11 +5,11 @@
 //! `((s + 1) << 32) | (node + 1)`, so its root directory is `((s + 1) << 32) | 1`. Numbers are
 //! stable while the daemon runs and never reused for another digest.
 
-use super::inode::LayerTable;
+use super::inode::{LayerTable, TableError};
 use crate::fetch::{BlobSource, FillProgress, PrefetchProgress};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
-use weenv_format::{ChunkRef, Digest, FrameIdx, Toc};
+use weenv_format::{ChunkRef, Digest, Entry, FrameIdx, Toc};
 
 /// Inode number of the mount root.
 pub const ROOT_INO: u64 = 1;
@@ -64,8 +64,14 @@ pub fn chunk_ranges(
 pub struct Layer {
     pub digest: Digest,
     pub slot: u32,
-    pub toc: Arc<Toc>,
+    /// The TOC's frames (the stream mapping) and nothing else: its `entries` are EMPTY, the
+    /// entries live in `table` only (compact; see [`Layer::toc_entry`]).
+    pub frames: Arc<Toc>,
     pub table: LayerTable,
+    /// Entries the TOC listed.
+    pub entries: usize,
+    /// Sum of the sizes of the TOC's regular files.
+    pub file_bytes: u64,
     pub source: Arc<dyn BlobSource>,
     pub fill: Arc<FillProgress>,
     /// Per node: read-ahead (files) or directory prefetch (dirs) already issued.
@@ -86,16 +92,32 @@ pub struct Layer {
 }
 
 impl Layer {
-    /// Builds the inode table for `toc`.
-    pub fn new(digest: Digest, slot: u32, toc: Arc<Toc>, source: Arc<dyn BlobSource>) -> Self {
-        let table = LayerTable::build(&toc);
-        let table_len = table.nodes.len();
+    /// Builds the compact inode table for `toc`, then drops the TOC's entries (only its
+    /// frames are kept).
+    pub fn new(
+        digest: Digest,
+        slot: u32,
+        mut toc: Toc,
+        source: Arc<dyn BlobSource>,
+    ) -> Result<Self, TableError> {
+        let table = LayerTable::build(&toc)?;
+        let entries = toc.entries.len();
+        let file_bytes = toc
+            .entries
+            .iter()
+            .filter(|e| e.kind == weenv_format::EntryKind::File)
+            .map(|e| e.size)
+            .sum();
+        toc.entries = Vec::new();
+        let table_len = table.len();
         let touched = (0..table_len).map(|_| AtomicBool::new(false)).collect();
-        Layer {
+        Ok(Layer {
             digest,
             slot,
-            toc,
+            frames: Arc::new(toc),
             table,
+            entries,
+            file_bytes,
             source,
             fill: Arc::new(FillProgress::default()),
             touched,
@@ -105,7 +127,22 @@ impl Layer {
             prefetch: Arc::new(PrefetchProgress::default()),
             prefetch_claimed: parking_lot::Mutex::new(std::collections::BTreeSet::new()),
             trust: super::trust::LayerTrust::default(),
-        }
+        })
+    }
+
+    /// The TOC entry node `node` was made from, rebuilt from the compact table (for checks
+    /// against the tar header and rare paths; allocates).
+    pub fn toc_entry(&self, node: u32) -> Option<Entry> {
+        self.table.toc_entry(node)
+    }
+
+    /// Heap bytes of this layer's in-memory TOC: the compact table, the frames and the
+    /// per-node read state.
+    pub fn toc_bytes(&self) -> u64 {
+        let per_node = std::mem::size_of::<AtomicBool>() + std::mem::size_of::<AtomicU32>();
+        self.table.heap_bytes()
+            + (self.frames.frames.capacity() * std::mem::size_of::<weenv_format::Frame>()) as u64
+            + (self.touched.len() * per_node) as u64
     }
 
     /// Quarantines the layer: from now on every read of its files fails with EIO; the reason
@@ -135,18 +172,17 @@ impl Layer {
         let Some(n) = self.table.node(node) else {
             return;
         };
-        let end = offset.saturating_add(len).min(n.size);
-        let first = n
-            .chunks
-            .partition_point(|c| c.file_offset.saturating_add(c.len) <= offset);
-        let last = n.chunks.partition_point(|c| c.file_offset < end);
+        let chunks = n.chunks();
+        let end = offset.saturating_add(len).min(n.size());
+        let first = chunks.partition_point(|c| c.file_offset.saturating_add(c.len) <= offset);
+        let last = chunks.partition_point(|c| c.file_offset < end);
         self.log_chunks(node, first..last.max(first));
     }
 
     /// Records that file `node` was opened for passthrough (the kernel reads it without us):
     /// the whole file counts as read.
     pub fn note_open(&self, node: u32) {
-        let chunks = self.table.node(node).map_or(0, |n| n.chunks.len());
+        let chunks = self.table.node(node).map_or(0, |n| n.chunk_count());
         self.log_chunks(node, 0..chunks);
     }
 
@@ -175,7 +211,7 @@ impl Layer {
                 let node = self.table.node(n)?;
                 let path = self.table.path_of(n)?;
                 let read = chunks.get(&n).cloned().unwrap_or_default();
-                Some((path, chunk_ranges(&node.chunks, &read)))
+                Some((path, chunk_ranges(&node.chunks(), &read)))
             })
             .collect()
     }
@@ -206,7 +242,7 @@ impl Layer {
     pub fn file_frames(&self, node: u32) -> Vec<FrameIdx> {
         let mut v: Vec<FrameIdx> = Vec::new();
         if let Some(n) = self.table.node(node) {
-            for c in &n.chunks {
+            for c in &n.chunks() {
                 if v.last() != Some(&c.frame) {
                     v.push(c.frame);
                 }
@@ -217,7 +253,7 @@ impl Layer {
 
     /// Uncompressed bytes of all frames.
     pub fn bytes_total(&self) -> u64 {
-        self.toc.frames.iter().map(|f| f.ulen).sum()
+        self.frames.frames.iter().map(|f| f.ulen).sum()
     }
 }
 
@@ -246,7 +282,7 @@ mod tests {
             4096,
         );
         let src: Arc<dyn BlobSource> = MemSource::gated(blob).0;
-        let l = Layer::new(Digest::sha256(b"l"), 0, Arc::new(toc), src);
+        let l = Layer::new(Digest::sha256(b"l"), 0, toc, src).unwrap();
         let a = l.table.resolve("usr/a").unwrap();
         let b = l.table.resolve("b").unwrap();
         l.note_read(b, 0, 2);

@@ -79,17 +79,17 @@ impl WeenvFs {
         let Some(n) = layer.table.node(node) else {
             return;
         };
-        if n.size > self.st.fill.small_file_bytes || !layer.first_touch(n.parent) {
+        if n.size() > self.st.fill.small_file_bytes || !layer.first_touch(n.parent()) {
             return;
         }
         let l2 = self.st.store.l2();
         let frames: Vec<_> = self
             .st
-            .dir_prefetch_frames(layer, n.parent)
+            .dir_prefetch_frames(layer, n.parent())
             .into_iter()
             .filter(|i| {
                 layer
-                    .toc
+                    .frames
                     .frames
                     .get(i.0 as usize)
                     .is_some_and(|f| !l2.contains(&f.digest))
@@ -199,7 +199,7 @@ impl Filesystem for WeenvFs {
             op.fail();
             return reply.error(Errno::ENOENT);
         };
-        if n.kind != NodeKind::File {
+        if n.kind() != NodeKind::File {
             return reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE);
         }
         if layer.quarantined() {
@@ -209,18 +209,20 @@ impl Filesystem for WeenvFs {
         // Passthrough only to a complete copy made earlier (after the fill, or in the
         // background after an earlier open): copying a file inside open() put the copy and
         // its fsync on the reader's critical path (start-up, first warm read).
-        let complete = n.size > 0
+        let complete = n.size() > 0
             && self.st.passthrough.active()
             && self
                 .st
                 .passthrough
                 .has_complete(self.st.store.l2(), &layer, node);
-        if !complete && self.st.passthrough.active() && n.size >= self.st.fill.materialise_min_bytes
+        if !complete
+            && self.st.passthrough.active()
+            && n.size() >= self.st.fill.materialise_min_bytes
         {
             let l2 = self.st.store.l2();
             let on_disk = layer.file_frames(node).iter().all(|i| {
                 layer
-                    .toc
+                    .frames
                     .frames
                     .get(i.0 as usize)
                     .is_some_and(|f| l2.contains(&f.digest))

@@ -79,22 +79,23 @@ fn time_of(sec: i64, nsec: u32) -> SystemTime {
 
 /// FUSE attributes of `n` as inode `ino`.
 pub fn node_attr(ino: u64, n: &Node) -> FileAttr {
-    let t = time_of(n.mtime, n.mtime_nsec);
+    let t = time_of(n.mtime(), n.mtime_nsec());
     FileAttr {
         ino: INodeNo(ino),
-        size: n.size,
+        size: n.size(),
         blocks: n.blocks(),
         atime: t,
         mtime: t,
         ctime: t,
         crtime: t,
-        kind: file_type(n.kind),
-        perm: (n.perm & 0o7777) as u16,
-        nlink: n.nlink,
-        uid: n.uid,
-        gid: n.gid,
-        rdev: if matches!(n.kind, NodeKind::Char | NodeKind::Block) {
-            makedev(n.rdev_major, n.rdev_minor)
+        kind: file_type(n.kind()),
+        perm: (n.perm() & 0o7777) as u16,
+        nlink: n.nlink(),
+        uid: n.uid(),
+        gid: n.gid(),
+        rdev: if matches!(n.kind(), NodeKind::Char | NodeKind::Block) {
+            let (major, minor) = n.rdev();
+            makedev(major, minor)
         } else {
             0
         },
@@ -194,7 +195,7 @@ impl FsState {
         }
         let (l, node) = self.resolve(ino)?;
         let n = l.table.node(node).ok_or(Errno::ENOENT)?;
-        Ok((node_attr(ino, n), self.ttl))
+        Ok((node_attr(ino, &n), self.ttl))
     }
 
     /// Looks `name` up in directory `parent`.
@@ -210,7 +211,7 @@ impl FsState {
         }
         let (l, dir) = self.resolve(parent)?;
         let dn = l.table.node(dir).ok_or(Errno::ENOENT)?;
-        if dn.kind != NodeKind::Dir {
+        if dn.kind() != NodeKind::Dir {
             return Err(Errno::ENOTDIR);
         }
         let child = l.table.lookup(dir, name).ok_or(Errno::ENOENT)?;
@@ -246,7 +247,7 @@ impl FsState {
         }
         let (l, dir) = self.resolve(ino)?;
         let dn = l.table.node(dir).ok_or(Errno::ENOENT)?;
-        if dn.kind != NodeKind::Dir {
+        if dn.kind() != NodeKind::Dir {
             return Err(Errno::ENOTDIR);
         }
         Ok(match index {
@@ -255,16 +256,16 @@ impl FsState {
                 if dir == 0 {
                     ROOT_INO
                 } else {
-                    encode_ino(l.slot, dn.parent)
+                    encode_ino(l.slot, dn.parent())
                 },
                 "..",
             ),
-            i => dn.children.get((i - 2) as usize).and_then(|(name, c)| {
-                let cn = l.table.node(*c)?;
+            i => dn.child((i - 2) as usize).and_then(|(name, c)| {
+                let cn = l.table.node(c)?;
                 Some(DirEntry {
-                    ino: encode_ino(l.slot, *c),
-                    kind: file_type(cn.kind),
-                    name: name.clone(),
+                    ino: encode_ino(l.slot, c),
+                    kind: file_type(cn.kind()),
+                    name: name.to_string(),
                 })
             }),
         })
@@ -274,7 +275,7 @@ impl FsState {
     pub fn readlink(&self, ino: u64) -> Result<Vec<u8>, Errno> {
         let (l, node) = self.resolve(ino)?;
         let n = l.table.node(node).ok_or(Errno::ENOENT)?;
-        match (&n.kind, &n.link) {
+        match (n.kind(), n.link()) {
             (NodeKind::Symlink, Some(t)) => Ok(t.as_bytes().to_vec()),
             _ => Err(Errno::EINVAL),
         }
@@ -299,7 +300,7 @@ impl FsState {
         let (l, node) = self.resolve(ino)?;
         let n = l.table.node(node).ok_or(Errno::ENOENT)?;
         let mut out = Vec::new();
-        for (k, _) in &n.xattrs {
+        for k in n.xattr_names() {
             out.extend_from_slice(k.as_bytes());
             out.push(0);
         }
@@ -314,12 +315,12 @@ impl FsState {
         }
         let entry_chunks = {
             let n = layer.table.node(node).ok_or(Errno::ENOENT)?;
-            match n.kind {
+            match n.kind() {
                 NodeKind::File => {}
                 NodeKind::Dir => return Err(Errno::EISDIR),
                 _ => return Err(Errno::EINVAL),
             }
-            clip_chunks(&n.chunks, n.size, offset, u64::from(size))
+            clip_chunks(&n.chunks(), n.size(), offset, u64::from(size))
         };
         let mut frames: Vec<FrameIdx> = Vec::new();
         for c in &entry_chunks {
@@ -342,7 +343,7 @@ impl FsState {
         let mut data = Vec::with_capacity(plan.frames.len());
         let (mut l1, mut l2) = (0, 0);
         for idx in &plan.frames {
-            let f = plan.layer.toc.frames.get(idx.0 as usize)?;
+            let f = plan.layer.frames.frames.get(idx.0 as usize)?;
             if let Some(b) = self.store.l1().get(&f.digest) {
                 l1 += 1;
                 data.push(b);
@@ -366,7 +367,7 @@ impl FsState {
         let frames = self
             .store
             .get_frames(
-                &plan.layer.toc.frames,
+                &plan.layer.frames.frames,
                 &plan.layer.source,
                 &plan.frames,
                 Priority::OnDemand,
@@ -399,7 +400,7 @@ impl FsState {
             .iter()
             .map(|i| {
                 plan.layer
-                    .toc
+                    .frames
                     .frames
                     .get(i.0 as usize)
                     .map_or(u64::MAX, |f| f.ulen)
@@ -437,7 +438,7 @@ impl FsState {
         ) else {
             return Vec::new();
         };
-        let frames = &plan.layer.toc.frames;
+        let frames = &plan.layer.frames.frames;
         let ulens: Vec<u64> = frames.iter().map(|f| f.ulen).collect();
         let span = super::readahead::scan_step(
             &mut plan.layer.scan.lock(),
@@ -463,14 +464,15 @@ impl FsState {
         let Some(dn) = layer.table.node(dir) else {
             return out;
         };
-        for (_, c) in &dn.children {
-            let Some(n) = layer.table.node(*c) else {
+        for (_, c) in dn.children() {
+            let Some(n) = layer.table.node(c) else {
                 continue;
             };
-            if n.kind != NodeKind::File || n.size == 0 || n.size > self.fill.small_file_bytes {
+            if n.kind() != NodeKind::File || n.size() == 0 || n.size() > self.fill.small_file_bytes
+            {
                 continue;
             }
-            for ch in &n.chunks {
+            for ch in &n.chunks() {
                 if !out.contains(&ch.frame) {
                     if out.len() >= self.fill.dir_prefetch_frames {
                         return out;
@@ -492,7 +494,7 @@ impl FsState {
             if let Err(e) = st
                 .store
                 .get_frames(
-                    &layer.toc.frames,
+                    &layer.frames.frames,
                     &layer.source,
                     &frames,
                     Priority::ReadAhead,
@@ -508,10 +510,7 @@ impl FsState {
     pub fn totals(&self) -> (u64, u64) {
         let g = self.layers.read();
         g.by_slot.iter().flatten().fold((0, 1), |(b, f), l| {
-            (
-                b + l.bytes_total().div_ceil(4096),
-                f + l.table.nodes.len() as u64,
-            )
+            (b + l.bytes_total().div_ceil(4096), f + l.table.len() as u64)
         })
     }
 }

@@ -141,13 +141,13 @@ impl Passthrough {
         min_bytes: u64,
     ) -> std::io::Result<usize> {
         let mut temps = Vec::new();
-        for (node, n) in layer.table.nodes.iter().enumerate() {
-            let Ok(node) = u32::try_from(node) else {
+        for node in layer.table.ids() {
+            let Some(n) = layer.table.node(node) else {
                 break;
             };
-            if n.kind != super::inode::NodeKind::File
-                || n.size == 0
-                || n.size < min_bytes
+            if n.kind() != super::inode::NodeKind::File
+                || n.size() == 0
+                || n.size() < min_bytes
                 || l2.has_file(&layer.digest, node)
             {
                 continue;
@@ -186,7 +186,7 @@ impl Passthrough {
         let frames = layer.file_frames(node);
         let mut pins = Vec::new();
         for idx in &frames {
-            let Some(f) = layer.toc.frames.get(idx.0 as usize) else {
+            let Some(f) = layer.frames.frames.get(idx.0 as usize) else {
                 return Ok(None);
             };
             match l2.pin(&f.digest) {
@@ -195,14 +195,14 @@ impl Passthrough {
             }
         }
         let Some(r) = l2
-            .reserve_file(&layer.digest, node, n.size)
+            .reserve_file(&layer.digest, node, n.size())
             .map_err(cache_io)?
         else {
             return Ok(None);
         };
         let mut out = File::create(r.tmp_path())?;
         let mut cur: Option<(weenv_format::FrameIdx, Vec<u8>)> = None;
-        for c in &n.chunks {
+        for c in &n.chunks() {
             if cur.as_ref().map(|(i, _)| *i) != Some(c.frame) {
                 let p = pins
                     .iter()

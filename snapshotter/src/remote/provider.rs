@@ -126,9 +126,18 @@ impl Inner {
             d.clone(),
             size,
         ));
+        // The full TOC is kept on disk only (verified again when read back).
+        let reload: crate::layers::TocReload = {
+            let (tocs, d) = (self.tocs.clone(), d.clone());
+            Arc::new(move || {
+                tocs.get(&d, size, None)
+                    .map(|(_, toc)| toc)
+                    .map_err(|e| e.to_string())
+            })
+        };
         let dir = self
             .layers
-            .add_layer_claimed(d, Arc::new(toc), src, claim.cloned())
+            .add_layer_claimed(d, toc, src, claim.cloned(), Some(reload))
             .map_err(|e| RemoteError::Mount {
                 digest: d.to_string(),
                 message: e.to_string(),
@@ -232,17 +241,14 @@ impl Inner {
         if let Some(rec) = known {
             super::identity::reuse_verdict(&rec, &claim, hint_toc).map_err(identity_err)?;
             let bound_toc: Option<Digest> = rec.toc_digest.as_deref().and_then(|t| t.parse().ok());
-            let mounted = match self.layers.toc(d) {
-                Some(toc) => {
-                    let (size, inodes) = toc_usage(&toc);
-                    Some(MountedLayer {
-                        dir: self.layers.layer_path(d),
-                        size,
-                        inodes,
-                        toc_digest: bound_toc.clone(),
-                        diff_id: None,
-                    })
-                }
+            let mounted = match self.layers.usage(d) {
+                Some((size, inodes)) => Some(MountedLayer {
+                    dir: self.layers.layer_path(d),
+                    size,
+                    inodes,
+                    toc_digest: bound_toc.clone(),
+                    diff_id: None,
+                }),
                 None => match self.tocs.get(d, rec.size, bound_toc.as_ref()) {
                     Ok((td, toc)) => {
                         let mut m = self.expose(d, &rec.reference, rec.size, toc, Some(&claim))?;
