@@ -383,7 +383,7 @@ impl Ctx<'_> {
             Ok(s) => s,
             Err(e) => {
                 let _ = std::fs::remove_file(&out);
-                if let ConvertError::Format { source, .. } = &e {
+                if let ConvertError::Format { error: source, .. } = &e {
                     if let Some(why) = unrepresentable(source) {
                         return self.keep_plain(index, l, blob, why, started).await;
                     }

@@ -39,21 +39,16 @@ pub enum ConvertError {
     #[error("blob {digest} is corrupt: {reason}")]
     CorruptBlob { digest: String, reason: String },
 
-    #[error("layer {digest}: {source}")]
-    Format {
-        digest: String,
-        #[source]
-        source: FormatError,
-    },
+    #[error("layer {digest}: {error}")]
+    Format { digest: String, error: FormatError },
 
     #[error(transparent)]
     Registry(#[from] RegistryError),
 
-    #[error("{context}: {source}")]
+    #[error("{context}: {error}")]
     Io {
         context: String,
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
 
     #[error("invalid option {field}: {reason}")]
@@ -81,7 +76,7 @@ impl ConvertError {
     pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
         ConvertError::Io {
             context: context.into(),
-            source,
+            error: source,
         }
     }
 
@@ -89,7 +84,47 @@ impl ConvertError {
     pub fn format(digest: impl ToString, source: FormatError) -> Self {
         ConvertError::Format {
             digest: digest.to_string(),
-            source,
+            error: source,
         }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    /// Each `": "`-separated segment once through anyhow's `{:#}` (what a chain printer shows).
+    fn assert_once(e: anyhow::Error) -> String {
+        let m = format!("{e:#}");
+        let segs: Vec<&str> = m.split(": ").collect();
+        for (i, s) in segs.iter().enumerate() {
+            assert!(!segs[i + 1..].contains(s), "{s:?} repeats in: {m}");
+        }
+        m
+    }
+
+    #[test]
+    fn messages_say_each_cause_once() {
+        let e = ConvertError::io("writing /l/blobs/x", std::io::Error::other("disk full"));
+        assert_once(anyhow::Error::new(e).context("converting oci:/s"));
+        let e = ConvertError::format(
+            "sha256:ab",
+            FormatError::DotDotPath {
+                path: "a/../b".into(),
+            },
+        );
+        let m = assert_once(anyhow::Error::new(e));
+        assert_eq!(m.matches("'..'").count(), 1, "{m}");
+        let e = ConvertError::from(RegistryError::Io {
+            context: "reading blob".into(),
+            error: std::io::Error::other("short read"),
+        });
+        assert_once(anyhow::Error::new(e));
+        let e = crate::group::GroupCmdError::Io {
+            context: "reading /g.tar".into(),
+            error: std::io::Error::other("gone"),
+        };
+        assert_once(anyhow::Error::new(e));
     }
 }

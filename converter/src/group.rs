@@ -28,23 +28,17 @@ const UPLOAD_CHUNK: usize = 8 << 20;
 /// Errors of group creation.
 #[derive(Debug, Error)]
 pub enum GroupCmdError {
-    #[error("{context}: {source}")]
+    #[error("{context}: {error}")]
     Io {
         context: String,
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
-    #[error("converting {what} to a weenv layer: {source}")]
-    Format {
-        what: String,
-        #[source]
-        source: FormatError,
-    },
-    #[error("{context}: {source}")]
+    #[error("converting {what} to a weenv layer: {error}")]
+    Format { what: String, error: FormatError },
+    #[error("{context}: {error}")]
     Registry {
         context: String,
-        #[source]
-        source: Box<RegistryError>,
+        error: Box<RegistryError>,
     },
     #[error("{reference}: {reason}")]
     BadImage { reference: String, reason: String },
@@ -54,14 +48,17 @@ pub enum GroupCmdError {
 
 fn io_err(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> GroupCmdError {
     let context = context.into();
-    move |source| GroupCmdError::Io { context, source }
+    move |source| GroupCmdError::Io {
+        context,
+        error: source,
+    }
 }
 
 fn reg_err(context: impl Into<String>) -> impl FnOnce(RegistryError) -> GroupCmdError {
     let context = context.into();
     move |source| GroupCmdError::Registry {
         context,
-        source: Box::new(source),
+        error: Box::new(source),
     }
 }
 
@@ -217,7 +214,7 @@ pub fn convert_tar(
     let mut w = BufWriter::with_capacity(1 << 20, f);
     let s = write_layer(reader, &mut w, opts).map_err(|source| GroupCmdError::Format {
         what: input.display().to_string(),
-        source,
+        error: source,
     })?;
     w.flush()
         .map_err(io_err(format!("writing {}", out.display())))?;
@@ -238,7 +235,7 @@ pub fn scratch_file(scratch: &Path, prefix: &str, suffix: &str) -> Result<PathBu
         .keep()
         .map_err(|e| GroupCmdError::Io {
             context: "keeping a scratch file".into(),
-            source: e.error,
+            error: e.error,
         })
 }
 
@@ -269,7 +266,7 @@ async fn blocking<T: Send + 'static>(
         .await
         .map_err(|e| GroupCmdError::Io {
             context: "conversion task".into(),
-            source: std::io::Error::other(e),
+            error: std::io::Error::other(e),
         })?
 }
 
@@ -375,7 +372,7 @@ async fn prepare_image_layers(
         let hint =
             TocHint::from_annotations(&l.annotations).map_err(|source| GroupCmdError::Format {
                 what: format!("{reference} layer {i}"),
-                source,
+                error: source,
             })?;
         if hint.is_some() {
             out.push(PreparedLayer {

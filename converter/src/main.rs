@@ -162,17 +162,9 @@ fn warn_unresolved(r: &ProfileReport) {
 }
 
 /// The error and its causes, each said once: a cause whose text the message already contains
-/// (errors that print their source in their own message) is not repeated.
+/// is not repeated (the one rule, `weenv_registry::causes`, shared with `weenv`).
 fn error_chain(e: &anyhow::Error) -> String {
-    let mut msg = e.to_string();
-    for cause in e.chain().skip(1) {
-        let c = cause.to_string();
-        if !msg.contains(&c) {
-            msg.push_str(": ");
-            msg.push_str(&c);
-        }
-    }
-    msg
+    weenv_registry::causes(e.as_ref())
 }
 
 fn main() -> std::process::ExitCode {

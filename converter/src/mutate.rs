@@ -30,12 +30,8 @@ use weenv_format::{Entry, EntryKind, FormatError, RangeRead};
 pub enum MutateError {
     #[error(transparent)]
     Patch(#[from] PatchError),
-    #[error("reading {path} from the base group: {source}")]
-    Layer {
-        path: String,
-        #[source]
-        source: FormatError,
-    },
+    #[error("reading {path} from the base group: {error}")]
+    Layer { path: String, error: FormatError },
     #[error("{path} in the base group is a {kind:?}, not a file the patch can change")]
     NotAFile { path: String, kind: EntryKind },
     #[error("mutation root {root:?} inside {rootfs}: {reason}")]
@@ -116,7 +112,7 @@ fn read_union<R: RangeRead>(
                     .read_file(lp, 0, u64::MAX)
                     .map_err(|source| MutateError::Layer {
                         path: lp.to_string(),
-                        source,
+                        error: source,
                     })?;
             FileState {
                 data,
@@ -396,7 +392,7 @@ pub async fn mutate_group(
             let hint = weenv_format::reader::TocHint::from_annotations(&d.annotations).map_err(
                 |source| MutateError::Layer {
                     path: d.digest.to_string(),
-                    source,
+                    error: source,
                 },
             )?;
             let rr = weenv_registry::BlobRangeReader::new(
@@ -409,7 +405,7 @@ pub async fn mutate_group(
             layers.push(
                 LayerReader::open(rr, hint).map_err(|source| MutateError::Layer {
                     path: format!("layer {} of {}", d.digest, base_r),
-                    source,
+                    error: source,
                 })?,
             );
         }

@@ -16,23 +16,20 @@ use weenv_registry::{Client, Reference, RegistryError};
 /// Errors of plan resolution, composition and publication.
 #[derive(Debug, Error)]
 pub enum PlanCmdError {
-    #[error("invalid group reference {reference:?}: {source}")]
+    #[error("invalid group reference {reference:?}: {error}")]
     BadReference {
         reference: String,
-        #[source]
-        source: Box<RegistryError>,
+        error: Box<RegistryError>,
     },
-    #[error("group {reference} not found in the registry (publish it with `weenv-convert group create ... --push {reference}`): {source}")]
+    #[error("group {reference} not found in the registry (publish it with `weenv-convert group create ... --push {reference}`): {error}")]
     MissingGroup {
         reference: String,
-        #[source]
-        source: Box<RegistryError>,
+        error: Box<RegistryError>,
     },
-    #[error("resolving group {reference}: {source}")]
+    #[error("resolving group {reference}: {error}")]
     Registry {
         reference: String,
-        #[source]
-        source: Box<RegistryError>,
+        error: Box<RegistryError>,
     },
     #[error("{reference} is not a weenv layer group (config media type {media_type:?}); publish it with `weenv-convert group create`")]
     NotAGroup {
@@ -57,11 +54,10 @@ pub enum PlanCmdError {
         repo: String,
         target: String,
     },
-    #[error("publishing {target}: {source}")]
+    #[error("publishing {target}: {error}")]
     Push {
         target: String,
-        #[source]
-        source: Box<RegistryError>,
+        error: Box<RegistryError>,
     },
 }
 
@@ -71,7 +67,7 @@ pub fn parse_ref(reference: &str) -> Result<Reference, PlanCmdError> {
         .parse::<Reference>()
         .map_err(|source| PlanCmdError::BadReference {
             reference: reference.to_string(),
-            source: Box::new(source),
+            error: Box::new(source),
         })
 }
 
@@ -79,12 +75,12 @@ fn reg_err(reference: &str, source: RegistryError) -> PlanCmdError {
     if source.status() == Some(404) {
         PlanCmdError::MissingGroup {
             reference: reference.to_string(),
-            source: Box::new(source),
+            error: Box::new(source),
         }
     } else {
         PlanCmdError::Registry {
             reference: reference.to_string(),
-            source: Box::new(source),
+            error: Box::new(source),
         }
     }
 }
@@ -231,7 +227,7 @@ pub async fn publish_composed(
     let mut report = PublishReport::default();
     let push_err = |source| PlanCmdError::Push {
         target: target.to_string(),
-        source: Box::new(source),
+        error: Box::new(source),
     };
     let mut seen = BTreeSet::new();
     let mut jobs = Vec::new();

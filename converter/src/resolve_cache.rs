@@ -27,11 +27,10 @@ pub const DEFAULT_TTL: Duration = Duration::from_secs(300);
 /// Errors saving the cache.
 #[derive(Debug, Error)]
 pub enum ResolveCacheError {
-    #[error("writing resolution cache {path}: {source}")]
+    #[error("writing resolution cache {path}: {error}")]
     Io {
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
 }
 
@@ -216,7 +215,7 @@ impl ResolveCache {
         }
         let io_err = |source| ResolveCacheError::Io {
             path: path.clone(),
-            source,
+            error: source,
         };
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir).map_err(io_err)?;

@@ -88,9 +88,9 @@ impl Sink {
                 scratch: Scratch::create(&std::env::temp_dir(), TEMP_PREFIX)?,
             }),
             ImageLocation::Layout { dir, tag } => {
-                let blobs = dir.join("blobs/sha256");
-                std::fs::create_dir_all(&blobs)
-                    .map_err(|e| ConvertError::io(format!("creating {}", blobs.display()), e))?;
+                // The layout's own files appear at commit; the directory hosts the scratch.
+                std::fs::create_dir_all(dir)
+                    .map_err(|e| ConvertError::io(format!("creating {}", dir.display()), e))?;
                 let scratch = Scratch::create(dir, LAYOUT_PREFIX)?;
                 Ok(Sink {
                     target: Target::Layout {

@@ -105,6 +105,8 @@ impl LayoutStage {
     pub fn commit(&self, update: impl FnOnce(&mut ImageIndex)) -> Result<(), ConvertError> {
         let staged = std::mem::take(&mut *self.staged.lock());
         let blobs = self.dir.join("blobs/sha256");
+        std::fs::create_dir_all(&blobs)
+            .map_err(|e| ConvertError::io(format!("creating {}", blobs.display()), e))?;
         for (d, tmp) in &staged {
             let path = layout_blob_path(&self.dir, d);
             std::fs::rename(tmp, &path)
@@ -224,7 +226,6 @@ mod tests {
     #[test]
     fn nothing_is_visible_before_commit_and_bad_bytes_are_refused() {
         let layout = tempfile::tempdir().unwrap();
-        std::fs::create_dir_all(layout.path().join("blobs/sha256")).unwrap();
         let scratch = layout.path().join(".weenv-convert-x");
         std::fs::create_dir(&scratch).unwrap();
         let stage = LayoutStage::new(layout.path(), &scratch);
@@ -244,7 +245,7 @@ mod tests {
         assert!(stage.put_local(&b, &range(2)).is_err(), "wrong bytes");
         assert_eq!(stage.put_local(&b, &range(1)).unwrap(), Put::Written);
         assert!(stage.has(&b, 1));
-        assert_eq!(files(&layout.path().join("blobs")), Vec::<String>::new());
+        assert!(!layout.path().join("blobs").exists());
         assert!(!layout.path().join("index.json").exists());
 
         stage.commit(|_| {}).unwrap();

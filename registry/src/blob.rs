@@ -199,7 +199,7 @@ impl Client {
         }
         w.flush().await.map_err(|source| RegistryError::Io {
             context: format!("flushing blob {d}"),
-            source,
+            error: source,
         })?;
         let actual = Digest::from_sha256_bytes(&hasher.finalize().into());
         if actual != *d {
@@ -236,7 +236,7 @@ impl Client {
             hasher.update(c);
             w.write_all(c).await.map_err(|source| RegistryError::Io {
                 context: format!("writing blob from {url}"),
-                source,
+                error: source,
             })?;
             *written += c.len() as u64;
         }

@@ -281,7 +281,7 @@ impl Client {
                 Err(RegistryError::Transport {
                     method,
                     url: u,
-                    source,
+                    error: source,
                 }) => {
                     let d = if is_retryable_transport(&source) {
                         next_delay(
@@ -305,7 +305,7 @@ impl Client {
                             return Err(RegistryError::Transport {
                                 method,
                                 url: u,
-                                source,
+                                error: source,
                             })
                         }
                     }
@@ -346,7 +346,7 @@ impl Client {
             let resp = rb.send().await.map_err(|source| RegistryError::Transport {
                 method: req.method.to_string(),
                 url: url.to_string(),
-                source,
+                error: source,
             })?;
             if req.follow_redirects
                 && resp.status().is_redirection()
@@ -469,7 +469,7 @@ pub(crate) async fn next_chunk(
         .map_err(|source| RegistryError::Transport {
             method: "GET (body)".into(),
             url: url.to_string(),
-            source,
+            error: source,
         })
 }
 

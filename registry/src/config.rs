@@ -385,7 +385,7 @@ pub fn parse_hosts_toml(registry: &str, text: &str) -> Result<HostConfig, Regist
 pub fn load_hosts_dir(dir: &Path) -> Result<BTreeMap<String, HostConfig>, RegistryError> {
     let io = |path: &Path, source| RegistryError::ConfigIo {
         path: path.display().to_string(),
-        source,
+        error: source,
     };
     let mut out = BTreeMap::new();
     for entry in std::fs::read_dir(dir).map_err(|e| io(dir, e))? {

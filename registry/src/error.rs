@@ -12,19 +12,14 @@ pub enum RegistryError {
     #[error("invalid registry configuration: {field}: {reason}")]
     BadConfig { field: String, reason: String },
 
-    #[error("cannot read registry configuration {path}: {source}")]
-    ConfigIo {
-        path: String,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error("cannot read registry configuration {path}: {error}")]
+    ConfigIo { path: String, error: std::io::Error },
 
-    #[error("{method} {url}: {source} (hint: check that the registry is reachable; plain HTTP must be configured per host with plain_http = true)")]
+    #[error("{method} {url}: {} (hint: check that the registry is reachable; plain HTTP must be configured per host with plain_http = true)", causes(.error))]
     Transport {
         method: String,
         url: String,
-        #[source]
-        source: reqwest::Error,
+        error: reqwest::Error,
     },
 
     #[error("{method} {url}: HTTP {status}: {body} ({hint})")]
@@ -82,12 +77,28 @@ pub enum RegistryError {
         detail: String,
     },
 
-    #[error("I/O error while {context}: {source}")]
+    #[error("I/O error while {context}: {error}")]
     Io {
         context: String,
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
+}
+
+/// `e` and its causes, each said once (reqwest's own message leaves out the cause, e.g.
+/// "Connection refused"). The causes are part of this crate's messages, not `source()`s, so
+/// chain printers (anyhow's `{:#}`) do not repeat them.
+pub fn causes(e: &dyn std::error::Error) -> String {
+    let mut msg = e.to_string();
+    let mut next = e.source();
+    while let Some(c) = next {
+        let t = c.to_string();
+        if !msg.contains(&t) {
+            msg.push_str(": ");
+            msg.push_str(&t);
+        }
+        next = c.source();
+    }
+    msg
 }
 
 impl RegistryError {

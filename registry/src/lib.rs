@@ -39,7 +39,7 @@ pub use blob::{parse_content_range, range_header};
 pub use bytes::Bytes;
 pub use client::Client;
 pub use config::{Capability, Endpoint, HostConfig, MirrorConfig, RegistryConfig};
-pub use error::RegistryError;
+pub use error::{causes, RegistryError};
 pub use manifest::{
     platform_matches, select_platform, Descriptor, ImageIndex, ImageManifest, Manifest, Platform,
 };

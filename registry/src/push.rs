@@ -205,7 +205,7 @@ impl Client {
                     .await
                     .map_err(|source| RegistryError::Io {
                         context: format!("reading blob {d} for upload"),
-                        source,
+                        error: source,
                     })?;
                 if n == 0 {
                     break;

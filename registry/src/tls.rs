@@ -19,7 +19,7 @@ pub(crate) type TlsKey = (bool, Vec<PathBuf>);
 fn read_pem(path: &Path) -> Result<Vec<reqwest::Certificate>, RegistryError> {
     let pem = std::fs::read(path).map_err(|source| RegistryError::ConfigIo {
         path: path.display().to_string(),
-        source,
+        error: source,
     })?;
     let certs =
         reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| RegistryError::BadConfig {

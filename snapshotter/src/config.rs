@@ -15,11 +15,10 @@ pub const CONFIG_VERSION: u32 = 1;
 /// Errors loading or validating the config.
 #[derive(Debug, Error)]
 pub enum ConfigError {
-    #[error("cannot read config file {path}: {source}")]
+    #[error("cannot read config file {path}: {error}")]
     Read {
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
     #[error("cannot parse config file {path}: {message}")]
     Parse { path: PathBuf, message: String },
@@ -359,6 +358,16 @@ pub enum ListenAddr {
     Unix(PathBuf),
 }
 
+/// As written in the config: `ip:port` or `unix:/path`.
+impl std::fmt::Display for ListenAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ListenAddr::Tcp(a) => write!(f, "{a}"),
+            ListenAddr::Unix(p) => write!(f, "unix:{}", p.display()),
+        }
+    }
+}
+
 impl Config {
     /// Parse and validate TOML text (`path` is only used in messages).
     pub fn from_toml(text: &str, path: &Path) -> Result<Self, ConfigError> {
@@ -374,7 +383,7 @@ impl Config {
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
             path: path.to_path_buf(),
-            source,
+            error: source,
         })?;
         Self::from_toml(&text, path)
     }

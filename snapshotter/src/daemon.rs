@@ -20,17 +20,17 @@ use tracing::{error, info};
 /// Startup/runtime failures of the daemon (exit code 1 in main).
 #[derive(Debug, Error)]
 pub enum DaemonError {
-    #[error("creating {path}: {source}")]
+    #[error("creating {path}: {error}")]
     Dir {
         path: std::path::PathBuf,
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
     #[error(transparent)]
     Store(#[from] crate::store::StoreError),
+    /// The cause is part of the message, not a `source()` (said once by chain printers).
     #[error("starting the FUSE layer store: {0}")]
-    Layers(#[from] crate::layers::LayerError),
-    #[error("registry client: {0}")]
+    Layers(crate::layers::LayerError),
+    #[error(transparent)]
     Registry(#[from] weenv_registry::RegistryError),
     #[error(transparent)]
     Service(#[from] crate::service::SnapshotError),
@@ -109,6 +109,12 @@ pub fn layer_store_config(cfg: &Config) -> LayerStoreConfig {
     }
 }
 
+impl From<crate::layers::LayerError> for DaemonError {
+    fn from(e: crate::layers::LayerError) -> Self {
+        DaemonError::Layers(e)
+    }
+}
+
 /// Run the daemon until a termination signal.
 pub async fn run(cfg: Config) -> Result<(), DaemonError> {
     // First, so a taken observability address stops the daemon before it mounts anything.
@@ -119,7 +125,7 @@ pub async fn run(cfg: Config) -> Result<(), DaemonError> {
     for d in [cfg.root_dir.clone(), cfg.snapshots_dir(), cfg.toc_dir()] {
         std::fs::create_dir_all(&d).map_err(|source| DaemonError::Dir {
             path: d.clone(),
-            source,
+            error: source,
         })?;
     }
     let store = Arc::new(MetaStore::open(&cfg.db_path())?);

@@ -21,11 +21,10 @@ use tracing::{debug, warn};
 /// Errors setting up or running the gRPC server.
 #[derive(Debug, Error)]
 pub enum GrpcError {
-    #[error("cannot bind unix socket {path}: {source} (is another weenv-snapshotter running?)")]
+    #[error("cannot bind unix socket {path}: {error} (is another weenv-snapshotter running?)")]
     Bind {
         path: std::path::PathBuf,
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
     #[error("gRPC server failed: {0}")]
     Serve(String),
@@ -216,7 +215,7 @@ pub async fn serve(
     if let Some(dir) = socket.parent() {
         std::fs::create_dir_all(dir).map_err(|source| GrpcError::Bind {
             path: socket.to_path_buf(),
-            source,
+            error: source,
         })?;
     }
     match std::fs::remove_file(socket) {
@@ -225,13 +224,13 @@ pub async fn serve(
         Err(source) => {
             return Err(GrpcError::Bind {
                 path: socket.to_path_buf(),
-                source,
+                error: source,
             })
         }
     }
     let uds = tokio::net::UnixListener::bind(socket).map_err(|source| GrpcError::Bind {
         path: socket.to_path_buf(),
-        source,
+        error: source,
     })?;
     tonic::transport::Server::builder()
         .add_service(containerd_snapshots::server(Arc::new(Grpc::new(svc))))

@@ -125,10 +125,7 @@ pub enum Listener {
 /// daemon); a live one is "in use".
 pub async fn bind(addr: &ListenAddr) -> Result<Listener, HttpError> {
     let fail = |reason: String| HttpError::Bind {
-        addr: match addr {
-            ListenAddr::Tcp(a) => a.to_string(),
-            ListenAddr::Unix(p) => format!("unix:{}", p.display()),
-        },
+        addr: addr.to_string(),
         reason,
     };
     match addr {
@@ -179,7 +176,7 @@ pub async fn request(addr: &ListenAddr, method: &str, path: &str) -> std::io::Re
         std::io::Error::new(
             e.kind(),
             format!(
-                "cannot reach the weenv-snapshotter endpoint {addr:?}: {e} \
+                "cannot reach the weenv-snapshotter endpoint {addr}: {e} \
                  (is the daemon running, and is this its observability.listen?)"
             ),
         )

@@ -74,18 +74,16 @@ pub struct LayerStoreConfig {
 #[derive(Debug, Error)]
 pub enum LayerError {
     #[error(
-        "mounting FUSE at {mountpoint}: {source} (needs root, /dev/fuse and an existing directory)"
+        "mounting FUSE at {mountpoint}: {error} (needs root, /dev/fuse and an existing directory)"
     )]
     Mount {
         mountpoint: PathBuf,
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
-    #[error("preparing {path}: {source}")]
+    #[error("preparing {path}: {error}")]
     Io {
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
     #[error(transparent)]
     Cache(#[from] CacheError),
@@ -161,7 +159,7 @@ fn release_free_heap() {
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> LayerError + '_ {
     move |source| LayerError::Io {
         path: path.to_path_buf(),
-        source,
+        error: source,
     }
 }
 
@@ -223,7 +221,7 @@ impl LayerStore {
         let session = fuser::spawn_mount(WeenvFs { st: st.clone() }, &cfg.mountpoint, &fc)
             .map_err(|source| LayerError::Mount {
                 mountpoint: cfg.mountpoint.clone(),
-                source,
+                error: source,
             })?;
         let notifier = Some(session.notifier());
         tracing::info!(

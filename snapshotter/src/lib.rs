@@ -19,6 +19,7 @@ pub mod cache;
 pub mod cli;
 pub mod config;
 pub mod daemon;
+mod error_messages;
 pub mod fetch;
 pub mod fs;
 pub mod grpc;

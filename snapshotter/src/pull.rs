@@ -43,7 +43,7 @@ pub const LABEL_CRI_IMAGE_LAYERS: &str = "containerd.io/snapshot/cri.image-layer
 /// Errors of a pull.
 #[derive(Debug, Error)]
 pub enum PullError {
-    #[error("registry: {0}")]
+    #[error(transparent)]
     Registry(#[from] weenv_registry::RegistryError),
     #[error("containerd {op}: {status}")]
     Containerd {

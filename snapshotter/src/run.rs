@@ -22,17 +22,15 @@ use weenv_registry::Client;
 /// Errors of `weenv run`.
 #[derive(Debug, Error)]
 pub enum RunError {
-    #[error("reading {path}: {source}")]
+    #[error("reading {path}: {error}")]
     Read {
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
-    #[error("plan {path}: {source}")]
+    #[error("plan {path}: {error}")]
     Plan {
         path: PathBuf,
-        #[source]
-        source: Box<PlanError>,
+        error: Box<PlanError>,
     },
     #[error(transparent)]
     Compose(Box<PlanCmdError>),
@@ -48,12 +46,8 @@ pub enum RunError {
     MountLine(String),
     #[error("fetching the patch blob {digest}: {message}")]
     PatchBlob { digest: String, message: String },
-    #[error("mutation failed, container {id} removed and not started: {source}")]
-    Mutation {
-        id: String,
-        #[source]
-        source: Box<MutateError>,
-    },
+    #[error("mutation failed, container {id} removed and not started: {error}")]
+    Mutation { id: String, error: Box<MutateError> },
 }
 
 impl From<PlanCmdError> for RunError {
@@ -158,7 +152,10 @@ async fn patch_bytes(
         let path = plan_dir.join(p);
         return std::fs::read(&path)
             .map(Some)
-            .map_err(|source| RunError::Read { path, source });
+            .map_err(|source| RunError::Read {
+                path,
+                error: source,
+            });
     }
     if let Some(d) = &m.blob {
         let r = parse_ref(image)?;
@@ -235,7 +232,7 @@ async fn mutate_container(
 ) -> Result<f64, RunError> {
     let dir = tempfile::tempdir().map_err(|source| RunError::Read {
         path: std::env::temp_dir(),
-        source,
+        error: source,
     })?;
     for args in snapshot_mounts(ch, o, id, dir.path()).await? {
         run_cmd(Command::new("mount").args(&args))?;
@@ -248,7 +245,7 @@ async fn mutate_container(
         Ok(_) => um.map(|_| apply_ms),
         Err(source) => Err(RunError::Mutation {
             id: id.to_string(),
-            source: Box::new(source),
+            error: Box::new(source),
         }),
     }
 }
@@ -257,11 +254,11 @@ async fn mutate_container(
 pub async fn run_plan(client: &Client, o: &RunOptions) -> Result<RunReport, RunError> {
     let text = std::fs::read_to_string(&o.plan).map_err(|source| RunError::Read {
         path: o.plan.clone(),
-        source,
+        error: source,
     })?;
     let plan = Plan::parse(&text).map_err(|source| RunError::Plan {
         path: o.plan.clone(),
-        source: Box::new(source),
+        error: Box::new(source),
     })?;
     let mut report = RunReport::default();
     let t = Instant::now();

@@ -14,7 +14,8 @@ async fn main() -> std::process::ExitCode {
     match weenv_snapshotter::cli::run(weenv_snapshotter::cli::Cli::parse()).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("weenv: {e:#}");
+            // Each cause once (messages that already say their cause are not repeated).
+            eprintln!("weenv: {}", weenv_registry::causes(e.as_ref()));
             std::process::ExitCode::FAILURE
         }
     }
