@@ -257,9 +257,9 @@ impl Client {
         self.get_blob_range_with(r, d, offset, len, false).await
     }
 
-    /// [`Client::get_blob_range`] with `Cache-Control: no-cache`, so HTTP caches between us
-    /// and the registry revalidate instead of answering from what they hold: the refetch
-    /// after bytes failed verification.
+    /// [`Client::get_blob_range`] from the origin first (mirrors only if it fails) with
+    /// `Cache-Control: no-cache`, so neither a mirror nor an HTTP cache on the way answers
+    /// from what it holds: the refetch after bytes failed verification.
     pub async fn get_blob_range_no_cache(
         &self,
         r: &Reference,
@@ -294,6 +294,7 @@ impl Client {
                 Self::blob_req(r, d, Method::GET, Kind::RangeGet).header(RANGE, &range)?;
             if no_cache {
                 req = req.header(CACHE_CONTROL, "no-cache")?;
+                req.origin_first = true;
             }
             let (resp, ep) = self.execute(r.registry(), Capability::Pull, &req).await?;
             let res = match resp.status().as_u16() {

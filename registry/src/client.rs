@@ -61,6 +61,9 @@ pub(crate) struct Req {
     pub kind: Kind,
     pub idempotent: bool,
     pub follow_redirects: bool,
+    /// Ask the origin first, mirrors after it (a refetch after a mirror's bytes failed
+    /// verification); any endpoint but the last falls through on a miss or an error.
+    pub origin_first: bool,
 }
 
 impl Req {
@@ -75,6 +78,7 @@ impl Req {
             scopes,
             kind,
             idempotent,
+            origin_first: false,
         }
     }
 
@@ -184,20 +188,25 @@ impl Client {
     }
 
     /// Send `req` to the endpoints for `cap` on `registry`: mirrors first (falling through on
-    /// 401/403/404, 5xx and errors), then the origin. Returns the response and the endpoint that gave it.
+    /// 401/403/404, 5xx and errors), then the origin (origin first for `req.origin_first`). Returns the response and the endpoint that gave it.
     pub(crate) async fn execute(
         &self,
         registry: &str,
         cap: Capability,
         req: &Req,
     ) -> Result<(Response, Endpoint), RegistryError> {
-        let endpoints = self.inner.config.endpoints(registry, cap)?;
+        let mut endpoints = self.inner.config.endpoints(registry, cap)?;
+        if req.origin_first {
+            // Stable: the mirrors keep their order after the origin.
+            endpoints.sort_by_key(|ep| ep.is_mirror);
+        }
         let n = endpoints.len();
         for (i, ep) in endpoints.into_iter().enumerate() {
             let last = i + 1 == n;
+            let may_fall_through = ep.is_mirror || req.origin_first;
             match self.execute_on(&ep, req).await {
                 Ok(resp)
-                    if ep.is_mirror
+                    if may_fall_through
                         && !last
                         && (matches!(resp.status().as_u16(), 401 | 403 | 404)
                             || resp.status().is_server_error()) =>
@@ -205,7 +214,7 @@ impl Client {
                     tracing::debug!(mirror = %ep.api_root, status = %resp.status(), "mirror miss, trying next endpoint");
                     self.inner.stats.count_mirror_fallback();
                 }
-                Err(e) if ep.is_mirror && !last => {
+                Err(e) if may_fall_through && !last => {
                     tracing::warn!(mirror = %ep.api_root, error = %e, "mirror failed, trying next endpoint");
                     self.inner.stats.count_mirror_fallback();
                 }

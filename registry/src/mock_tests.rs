@@ -496,3 +496,38 @@ async fn identity_token_uses_oauth2_refresh() {
     );
     assert_eq!(m.seen()[1].headers["authorization"], "Bearer A1");
 }
+
+#[tokio::test]
+async fn no_cache_range_asks_the_origin_before_the_mirror() {
+    let mirror = mock(vec![ok(b"XXXXXXXXXX")]).await;
+    let origin = mock(vec![ok(b"0123456789")]).await;
+    let mut cfg = origin.client(CredentialSource::None).inner.config.clone();
+    cfg.hosts
+        .get_mut(&origin.host)
+        .unwrap()
+        .mirrors
+        .push(crate::config::MirrorConfig {
+            url: format!("http://{}", mirror.host),
+            capabilities: vec![crate::config::Capability::Pull],
+            skip_verify: false,
+            override_path: false,
+            ca: vec![],
+        });
+    let c = Client::with_credentials(cfg, CredentialSource::None).unwrap();
+    let r = origin.reference();
+    let d = Digest::sha256(b"0123456789");
+    // An ordinary read is served by the mirror (its bytes are wrong here).
+    assert_eq!(&c.get_blob_range(&r, &d, 2, 3).await.unwrap()[..], b"XXX");
+    // The refetch goes to the origin, asking caches on the way to revalidate.
+    assert_eq!(
+        &c.get_blob_range_no_cache(&r, &d, 2, 3).await.unwrap()[..],
+        b"234"
+    );
+    let seen = origin.seen();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(
+        seen[0].headers.get("cache-control").map(String::as_str),
+        Some("no-cache")
+    );
+    assert_eq!(mirror.seen().len(), 1);
+}
