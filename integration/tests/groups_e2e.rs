@@ -11,7 +11,6 @@
 use anyhow::{ensure, Context, Result};
 mod snapshotter_common;
 
-use snapshotter_common::{Daemon, DaemonOptions};
 use std::path::{Path, PathBuf};
 use weenv_converter::group::{create_group, GroupReport, GroupSource, GroupSpec};
 use weenv_converter::mutate::{mutate_group, MutateSpec};
@@ -379,18 +378,7 @@ async fn groups_compose_run_and_upgrade_harness() -> Result<()> {
 async fn lazy_upgrade_fetches_only_the_new_harness() -> Result<()> {
     require_root_and_bins(E2E_BINS)?;
     let p = publish_groups().await?;
-    let daemon = Daemon::start(
-        &p.tmp.path().join("snap"),
-        &DaemonOptions {
-            plain_http: vec![p.host.clone()],
-            fill: false,
-            fill_extra: String::new(),
-        },
-    )?;
-    let ctd = Containerd::start(ContainerdOptions {
-        proxy_snapshotter: Some(daemon.socket.clone()),
-        ..Default::default()
-    })?;
+    let (daemon, ctd) = snapshotter_common::lazy_stack(&p.tmp.path().join("snap"), &p.host)?;
     let lazy_run = |image: &str, id: &str, out: &Path| -> Result<()> {
         std::fs::create_dir_all(out)?;
         daemon.pull(ctd.address(), ctd.namespace(), image)?;

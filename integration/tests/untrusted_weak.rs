@@ -1,8 +1,13 @@
-//! Weak spots of issue 9, end to end with the built binaries (no root, no daemons):
-//! a SIGKILLed `weenv-convert image ... oci:DIR:TAG` leaves the destination layout unchanged
-//! except for its locked scratch directory, which the next run removes before it succeeds.
+//! Weak spots of issue 9, end to end with the built binaries:
+//! - a SIGKILLed `weenv-convert image ... oci:DIR:TAG` leaves the destination layout unchanged
+//!   except for its locked scratch directory, which the next run removes before it succeeds;
+//! - `weenv-snapshotter` whose `observability.listen` is taken exits at start, naming it;
+//! - `weenv --config MISSING` is an error naming the file;
+//! - (root) `weenv pull --platform linux/s390x` of a single-platform amd64 image fails naming
+//!   both platforms.
 
 mod fuse_common;
+mod snapshotter_common;
 
 use anyhow::{ensure, Context, Result};
 use fuse_common::noise;
@@ -235,5 +240,108 @@ fn sigkilled_conversion_leaves_the_layout_unchanged_and_the_rerun_cleans_up() ->
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    Ok(())
+}
+
+#[test]
+fn snapshotter_exits_at_start_when_its_status_address_is_taken() -> Result<()> {
+    let tmp = tempfile::tempdir()?;
+    let taken = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let addr = taken.local_addr()?.to_string();
+    let socket = tmp.path().join("snap.sock");
+    let config = tmp.path().join("config.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "version = 1\nroot_dir = {root:?}\nsocket = {sock:?}\n[observability]\nlisten = {addr:?}\n",
+            root = tmp.path().join("state").display().to_string(),
+            sock = socket.display().to_string(),
+        ),
+    )?;
+    let mut child = Command::new(workspace_bin("weenv-snapshotter")?)
+        .arg("--config")
+        .arg(&config)
+        .stderr(std::process::Stdio::piped())
+        .spawn()?;
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait()? {
+            break st;
+        }
+        if t0.elapsed() > Duration::from_secs(20) {
+            child.kill()?;
+            child.wait()?;
+            anyhow::bail!("the daemon kept running with {addr} taken");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().context("stderr")?, &mut err)?;
+    ensure!(!status.success(), "exit {status}");
+    let last = err.lines().last().unwrap_or_default();
+    ensure!(
+        last.contains(&addr) && last.contains("observability.listen"),
+        "stderr: {err}"
+    );
+    ensure!(!socket.exists(), "it served containerd before failing");
+    Ok(())
+}
+
+#[test]
+fn weenv_with_a_missing_config_file_fails_naming_it() -> Result<()> {
+    let o = Command::new(workspace_bin("weenv")?)
+        .args(["--config", "/nonexistent/weenv-config.toml", "status"])
+        .output()?;
+    let err = String::from_utf8_lossy(&o.stderr);
+    ensure!(!o.status.success(), "exit {}: {err}", o.status);
+    ensure!(
+        err.matches("/nonexistent/weenv-config.toml").count() == 1,
+        "{err}"
+    );
+    ensure!(err.matches("No such file").count() == 1, "said once: {err}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root, containerd, runc, docker-registry, skopeo, umoci and busybox-static"]
+async fn pull_for_another_platform_of_a_single_platform_image_fails() -> Result<()> {
+    use snapshotter_common::{client, convert, lazy_stack};
+    use weenv_integration::util::{require_root_and_bins, E2E_FUSE_BINS};
+    require_root_and_bins(E2E_FUSE_BINS)?;
+    let tmp = tempfile::tempdir()?;
+    let reg = weenv_integration::registry::LocalRegistry::start(tmp.path())?;
+    let host = reg.host();
+    let img = weenv_integration::images::busybox()?;
+    let gz = format!("{host}/busybox:gz");
+    weenv_integration::images::push_oci_layout(&img, &gz)?;
+    let weenv = format!("{host}/busybox:weenv");
+    convert(&client(std::slice::from_ref(&host))?, &gz, &weenv).await?;
+    let (daemon, ctd) = lazy_stack(&tmp.path().join("snap"), &host)?;
+    let sock = ctd.address().display().to_string();
+    let pull = |platform: Option<&str>| -> Result<std::process::Output> {
+        let mut c = Command::new(workspace_bin("weenv")?);
+        c.arg("--config").arg(&daemon.config);
+        c.args(["pull", "-a", &sock, "-n", "weak", "--plain-http", &weenv]);
+        if let Some(p) = platform {
+            c.args(["--platform", p]);
+        }
+        Ok(c.output()?)
+    };
+    let (_, arch) = weenv_registry::manifest::host_platform();
+    let o = pull(Some("linux/s390x"))?;
+    let err = String::from_utf8_lossy(&o.stderr);
+    ensure!(!o.status.success(), "pull for s390x succeeded: {err}");
+    ensure!(
+        err.contains("linux/s390x") && err.contains(&format!("linux/{arch}")),
+        "error names both platforms: {err}"
+    );
+    let o = pull(None)?;
+    ensure!(
+        o.status.success(),
+        "pull for the host platform: {}\n{}",
+        String::from_utf8_lossy(&o.stderr),
+        daemon.log()
+    );
+    drop(ctd);
     Ok(())
 }

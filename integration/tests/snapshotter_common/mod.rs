@@ -179,6 +179,30 @@ impl Daemon {
     }
 }
 
+/// A daemon under `root` (plain HTTP to `host`, no background fill) and a containerd that
+/// uses it as its `weenv` proxy snapshotter. Bind them as `let (daemon, ctd) = ...`: the
+/// later binding of a pattern is dropped first, containerd before the snapshotter.
+pub fn lazy_stack(
+    root: &Path,
+    host: &str,
+) -> Result<(Daemon, weenv_integration::containerd::Containerd)> {
+    let daemon = Daemon::start(
+        root,
+        &DaemonOptions {
+            plain_http: vec![host.to_string()],
+            fill: false,
+            fill_extra: String::new(),
+        },
+    )?;
+    let ctd = weenv_integration::containerd::Containerd::start(
+        weenv_integration::containerd::ContainerdOptions {
+            proxy_snapshotter: Some(daemon.socket.clone()),
+            ..Default::default()
+        },
+    )?;
+    Ok((daemon, ctd))
+}
+
 impl Drop for Daemon {
     fn drop(&mut self) {
         self.stop();
