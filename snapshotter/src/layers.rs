@@ -94,11 +94,10 @@ pub enum LayerError {
         end: u64,
         size: u64,
     },
-    #[error("layer {digest}: {source}")]
+    #[error("layer {digest}: {error}")]
     Table {
         digest: Digest,
-        #[source]
-        source: crate::fs::inode::TableError,
+        error: crate::fs::inode::TableError,
     },
     #[error("layer {0} is not mounted")]
     NotFound(Digest),
@@ -309,7 +308,7 @@ impl LayerStore {
         let built =
             Layer::new(digest.clone(), slot, toc, source).map_err(|source| LayerError::Table {
                 digest: digest.clone(),
-                source,
+                error: source,
             })?;
         release_free_heap();
         let layer = {

@@ -28,24 +28,26 @@ use weenv_format::Digest;
 pub enum SnapshotError {
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// The cause is part of the message, not a `source()` (said once by chain printers).
     #[error("invalid filter: {0}")]
-    Filter(#[from] FilterError),
-    #[error("{op} {path}: {source}")]
+    Filter(FilterError),
+    #[error("{op} {path}: {error}")]
     Io {
         op: &'static str,
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// The remote path committed `target`: containerd must see AlreadyExists.
     #[error("target snapshot {0:?} already exists (remote layer)")]
     RemoteCommitted(String),
-    #[error("remount of {digest} failed: {source}")]
-    Remount {
-        digest: String,
-        #[source]
-        source: RemoteError,
-    },
+    #[error("remount of {digest} failed: {error}")]
+    Remount { digest: String, error: RemoteError },
+}
+
+impl From<FilterError> for SnapshotError {
+    fn from(e: FilterError) -> Self {
+        SnapshotError::Filter(e)
+    }
 }
 
 fn io_err<'a>(
@@ -55,7 +57,7 @@ fn io_err<'a>(
     move |source| SnapshotError::Io {
         op,
         path: path.to_path_buf(),
-        source,
+        error: source,
     }
 }
 
@@ -271,7 +273,7 @@ impl SnapshotService {
                         .fetch_add(1, Ordering::Relaxed);
                 }
                 Err(SnapshotError::Remount {
-                    source: RemoteError::Identity { reason, .. },
+                    error: RemoteError::Identity { reason, .. },
                     ..
                 }) => {
                     self.counters.remote_refused.fetch_add(1, Ordering::Relaxed);
@@ -322,7 +324,7 @@ impl SnapshotService {
             .await
             .map_err(|source| SnapshotError::Remount {
                 digest: req.digest.to_string(),
-                source,
+                error: source,
             })?
         else {
             return Ok(false);
@@ -553,7 +555,7 @@ pub fn remote_match(
 fn refused(req: &RemoteLayerRequest, reason: String) -> SnapshotError {
     SnapshotError::Remount {
         digest: req.digest.to_string(),
-        source: RemoteError::Identity {
+        error: RemoteError::Identity {
             digest: req.digest.to_string(),
             reason,
         },

@@ -142,7 +142,7 @@ fn io_err<'a>(
     move |source| CacheError::Io {
         what,
         path: path.to_path_buf(),
-        source,
+        error: source,
     }
 }
 
@@ -279,7 +279,7 @@ impl DiskCache {
             Err(e) => Err(CacheError::Io {
                 what: "read frame",
                 path,
-                source: e,
+                error: e,
             }),
         }
     }
@@ -305,7 +305,7 @@ impl DiskCache {
             return Err(CacheError::Io {
                 what: "write frame",
                 path,
-                source: e,
+                error: e,
             });
         }
         let evicted =

@@ -14,11 +14,10 @@ use thiserror::Error;
 /// Errors of the frame caches.
 #[derive(Debug, Error)]
 pub enum CacheError {
-    #[error("cache: {what} {path}: {source} (check the cache_dir's permissions and free space)")]
+    #[error("cache: {what} {path}: {error} (check the cache_dir's permissions and free space)")]
     Io {
         what: &'static str,
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
 }

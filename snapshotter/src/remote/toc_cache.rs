@@ -17,18 +17,13 @@ pub struct TocCache {
 /// Errors of the TOC cache.
 #[derive(Debug, thiserror::Error)]
 pub enum TocCacheError {
-    #[error("TOC cache file {path}: {source}")]
+    #[error("TOC cache file {path}: {error}")]
     Io {
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
-    #[error("cached TOC {path} is invalid: {source}")]
-    Invalid {
-        path: PathBuf,
-        #[source]
-        source: FormatError,
-    },
+    #[error("cached TOC {path} is invalid: {error}")]
+    Invalid { path: PathBuf, error: FormatError },
     #[error("layer {digest}: its TOC {what} is {value}, over the limit of {limit}; the layer is refused (raise `limits.{key}` in the daemon config to accept it)")]
     Limit {
         digest: Digest,
@@ -53,7 +48,10 @@ impl TocCacheError {
                     "max_toc_bytes"
                 },
             },
-            source => TocCacheError::Invalid { path, source },
+            source => TocCacheError::Invalid {
+                path,
+                error: source,
+            },
         }
     }
 }
@@ -87,7 +85,7 @@ impl TocCache {
             .map_err(|source| TocCacheError::of(digest, path.clone(), source))?;
         let io = |source| TocCacheError::Io {
             path: path.clone(),
-            source,
+            error: source,
         };
         std::fs::create_dir_all(&self.dir).map_err(io)?;
         let tmp = self.dir.join(format!(".{}.tmp", digest.hex()));
@@ -107,7 +105,7 @@ impl TocCache {
         let path = self.path(digest);
         let tail = std::fs::read(&path).map_err(|source| TocCacheError::Io {
             path: path.clone(),
-            source,
+            error: source,
         })?;
         parse_tail_with_limits(&tail, blob_size, expected, &self.limits)
             .map(|(f, t)| (f.toc_digest, t))
