@@ -17,6 +17,7 @@ use sha2::{Digest as _, Sha256};
 use std::collections::BTreeMap;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use weenv_format::Digest;
 use weenv_registry::ImageIndex;
 
@@ -61,8 +62,23 @@ impl LayoutStage {
         if Digest::sha256(bytes) != *d {
             return Err(corrupt(d, "in-memory bytes"));
         }
+        let tmp = self.unique_tmp(d);
+        write_synced(&tmp, bytes)?;
+        self.finish(d, &tmp)
+    }
+
+    /// A file name no other writer in this run uses (two layers may stage one blob at once).
+    fn unique_tmp(&self, d: &Digest) -> PathBuf {
+        static N: AtomicU64 = AtomicU64::new(0);
+        let n = N.fetch_add(1, Ordering::Relaxed);
+        self.scratch.join(format!("writing-{n}-{}", d.hex()))
+    }
+
+    /// Move a complete, synced, verified file to its staged name and record it.
+    fn finish(&self, d: &Digest, tmp: &Path) -> Result<Put, ConvertError> {
         let path = self.staged_path(d);
-        write_synced(&path, bytes)?;
+        std::fs::rename(tmp, &path)
+            .map_err(|e| ConvertError::io(format!("renaming {}", tmp.display()), e))?;
         self.staged.lock().insert(d.clone(), path);
         Ok(Put::Written)
     }
@@ -73,32 +89,31 @@ impl LayoutStage {
         if self.has(d, blob.len) {
             return Ok(Put::Existing);
         }
-        let path = self.staged_path(d);
-        if blob.temporary && blob.offset == 0 && std::fs::rename(&blob.path, &path).is_ok() {
-            sync_file(&path)?;
+        let tmp = self.unique_tmp(d);
+        if blob.temporary && blob.offset == 0 && std::fs::rename(&blob.path, &tmp).is_ok() {
+            sync_file(&tmp)?;
         } else {
             let mut r = blob.open()?;
-            let mut w = std::fs::File::create(&path)
-                .map_err(|e| ConvertError::io(format!("creating {}", path.display()), e))?;
+            let mut w = std::fs::File::create(&tmp)
+                .map_err(|e| ConvertError::io(format!("creating {}", tmp.display()), e))?;
             let mut h = HashingWriter {
                 inner: &mut w,
                 hash: Sha256::new(),
             };
             std::io::copy(&mut r, &mut h)
-                .map_err(|e| ConvertError::io(format!("writing {}", path.display()), e))?;
+                .map_err(|e| ConvertError::io(format!("writing {}", tmp.display()), e))?;
             let actual = Digest::from_sha256_bytes(&h.hash.finalize().into());
             if actual != *d {
-                let _ = std::fs::remove_file(&path);
+                let _ = std::fs::remove_file(&tmp);
                 return Err(corrupt(
                     d,
                     &format!("{} hashes to {actual}", blob.path.display()),
                 ));
             }
             w.sync_all()
-                .map_err(|e| ConvertError::io(format!("syncing {}", path.display()), e))?;
+                .map_err(|e| ConvertError::io(format!("syncing {}", tmp.display()), e))?;
         }
-        self.staged.lock().insert(d.clone(), path);
-        Ok(Put::Written)
+        self.finish(d, &tmp)
     }
 
     /// Make the staged blobs part of the layout, then update `index.json` with `update`.
