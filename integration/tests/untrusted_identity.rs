@@ -8,6 +8,9 @@
 //! fail, `weenv status` and `/metrics` say so, the quarantine survives a daemon restart, and a
 //! later pull of EVIL gets no lazy layer (the ordinary path refuses the wrong diff_id, as
 //! containerd's unpacker does).
+//!
+//! LIAR is busybox's own tar whose TOC marks `/etc/weenv` setuid: the daemon's lazy header
+//! check catches it before exposing the entry (fill off), and quarantines the layer.
 
 mod snapshotter_common;
 
@@ -84,15 +87,19 @@ fn replace_file(tar_bytes: &[u8], path: &str, data: &[u8]) -> Result<Vec<u8>> {
     Ok(out.into_inner()?)
 }
 
-/// Pushes EVIL: GOOD's manifest with EVIL's weenv layer in place of GOOD's, GOOD's config
-/// (diff_ids) unchanged. Returns EVIL's layer digest.
-async fn push_evil(cl: &Client, img: &OciImage, good: &str, evil: &str) -> Result<String> {
-    let tar = replace_file(&layout_layer_tar(img)?, "etc/weenv", EVIL_TEXT.as_bytes())?;
-    let mut blob = Vec::new();
-    let sum = weenv_format::write_layer(&tar[..], &mut blob, &Default::default())?;
-    let re: Reference = evil.parse()?;
-    cl.push_blob(&re, &sum.blob_digest, Bytes::from(blob))
-        .await?;
+/// Pushes GOOD's manifest with `blob` (annotated `annotations`) in place of GOOD's layer,
+/// GOOD's config (diff_ids) unchanged, as `dest`. Returns the layer digest.
+async fn push_with_layer(
+    cl: &Client,
+    good: &str,
+    dest: &str,
+    blob: Vec<u8>,
+    annotations: std::collections::BTreeMap<String, String>,
+) -> Result<String> {
+    let digest = weenv_format::Digest::sha256(&blob);
+    let size = blob.len();
+    let rd: Reference = dest.parse()?;
+    cl.push_blob(&rd, &digest, Bytes::from(blob)).await?;
     let (_, mb) = cl
         .get_image_manifest(
             &good.parse()?,
@@ -104,12 +111,57 @@ async fn push_evil(cl: &Client, img: &OciImage, good: &str, evil: &str) -> Resul
     let mut m: serde_json::Value = serde_json::from_slice(&mb.bytes)?;
     let layers = m["layers"].as_array_mut().context("manifest layers")?;
     ensure!(layers.len() == 1, "busybox has one layer");
-    layers[0]["digest"] = sum.blob_digest.to_string().into();
-    layers[0]["size"] = sum.blob_size.into();
-    layers[0]["annotations"] = serde_json::to_value(weenv_format::descriptor_annotations(&sum))?;
-    cl.push_manifest(&re, Bytes::from(serde_json::to_vec(&m)?), &mb.media_type)
+    layers[0]["digest"] = digest.to_string().into();
+    layers[0]["size"] = size.into();
+    layers[0]["annotations"] = serde_json::to_value(annotations)?;
+    cl.push_manifest(&rd, Bytes::from(serde_json::to_vec(&m)?), &mb.media_type)
         .await?;
-    Ok(sum.blob_digest.to_string())
+    Ok(digest.to_string())
+}
+
+/// Pushes EVIL: busybox with another `/etc/weenv`, claiming GOOD's diff_ids.
+async fn push_evil(cl: &Client, img: &OciImage, good: &str, evil: &str) -> Result<String> {
+    let tar = replace_file(&layout_layer_tar(img)?, "etc/weenv", EVIL_TEXT.as_bytes())?;
+    let mut blob = Vec::new();
+    let sum = weenv_format::write_layer(&tar[..], &mut blob, &Default::default())?;
+    push_with_layer(
+        cl,
+        good,
+        evil,
+        blob,
+        weenv_format::descriptor_annotations(&sum),
+    )
+    .await
+}
+
+/// Pushes LIAR: busybox's own tar (the diff_id GOOD claims is true) whose TOC says
+/// `/etc/weenv` is setuid.
+async fn push_liar(cl: &Client, img: &OciImage, good: &str, liar: &str) -> Result<String> {
+    let tar = layout_layer_tar(img)?;
+    let mut blob = Vec::new();
+    let sum = weenv_format::write_layer(&tar[..], &mut blob, &Default::default())?;
+    let (_, mut toc) =
+        weenv_format::reader::parse_tail(&blob[sum.toc_offset as usize..], sum.blob_size, None)?;
+    let e = toc
+        .entries
+        .iter_mut()
+        .find(|e| e.path == "etc/weenv")
+        .context("etc/weenv in the TOC")?;
+    e.mode |= 0o4000;
+    let (blob, hint) = weenv_format::writer::retail(&blob, sum.toc_offset, &toc)?;
+    let annotations = [
+        (weenv_format::ANNOTATION_TOC_DIGEST, hint.digest.to_string()),
+        (weenv_format::ANNOTATION_TOC_OFFSET, hint.offset.to_string()),
+        (weenv_format::ANNOTATION_TOC_LENGTH, hint.length.to_string()),
+        (
+            weenv_format::ANNOTATION_FORMAT_VERSION,
+            weenv_format::FORMAT_VERSION.to_string(),
+        ),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    push_with_layer(cl, good, liar, blob, annotations).await
 }
 
 const CAT: &[&str] = &["/bin/cat", "/etc/weenv"];
@@ -226,5 +278,57 @@ async fn forged_diff_ids_never_poison_another_namespace() -> Result<()> {
         !o.status.success() && text.contains("wrong diff_id"),
         "EVIL pulled again: {text}"
     );
+    Ok(())
+}
+
+/// A TOC that lies about its tar (a file the tar has as 0644 marked setuid) is caught by the
+/// lazy header check before the entry is exposed — with the background fill off, so the
+/// completion walk plays no part: the lookup fails, the layer is quarantined.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs root, containerd, runc, fuse, docker-registry, skopeo, umoci"]
+async fn a_lying_toc_is_caught_before_the_entry_is_exposed() -> Result<()> {
+    require_root_and_bins(E2E_FUSE_BINS)?;
+    let tmp = tempfile::tempdir()?;
+    let reg = LocalRegistry::start(tmp.path())?;
+    let host = reg.host();
+    let img = images::busybox()?;
+    let gz = reg.push(&img, "app:gz")?;
+    let cl = client(std::slice::from_ref(&host))?;
+    let good = format!("{host}/app:good");
+    convert(&cl, &gz, &good).await?;
+    let liar = format!("{host}/app:liar");
+    let liar_layer = push_liar(&cl, &img, &good, &liar).await?;
+    let daemon = Daemon::start(
+        &tmp.path().join("snap"),
+        &DaemonOptions {
+            plain_http: vec![host.clone()],
+            fill: false,
+            fill_extra: String::new(),
+        },
+    )?;
+    let ctd = Containerd::start(ContainerdOptions {
+        proxy_snapshotter: Some(daemon.socket.clone()),
+        ..Default::default()
+    })?;
+    let out = daemon.pull(ctd.address(), "t", &liar)?;
+    ensure!(out.contains("(1 lazy"), "LIAR pulled lazily: {out}");
+    // Plain files are served (their headers check out)...
+    let ok = ctr_run(&ctd, "t", "weenv", &liar, "liar1", &["/bin/echo", "plain"])?;
+    ensure!(ok.contains("plain"), "{ok}");
+    // ...the setuid entry the tar does not have is not.
+    match ctr_run(&ctd, "t", "weenv", &liar, "liar2", CAT) {
+        Ok(out) => bail!("setuid entry served: {out}"),
+        Err(e) => ensure!(!e.to_string().contains(GOOD_TEXT), "{e}"),
+    }
+    let s = daemon.weenv(&["status"])?;
+    ensure!(
+        s.contains("QUARANTINED (reads fail with EIO): the TOC does not match the tar stream")
+            && s.contains("etc/weenv")
+            && s.contains(&liar_layer["sha256:".len()..][..12]),
+        "{s}\ndaemon log:\n{}",
+        daemon.log()
+    );
+    ensure!(metric(&daemon, "weenv_layer_quarantined_total")? == 1);
+    ensure!(metric(&daemon, "weenv_header_checks_total")? >= 1);
     Ok(())
 }

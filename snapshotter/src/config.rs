@@ -145,6 +145,11 @@ pub struct FillSection {
     /// 0 = off. Default: the layer store's (0).
     #[serde(default)]
     pub dir_prefetch_frames: Option<usize>,
+    /// Check each entry's tar header against its TOC entry before serving the file's bytes or
+    /// exposing a privileged entry (setuid/setgid, device, file capabilities); a mismatch
+    /// quarantines the layer. Turn off only to measure the checks' cost. Default true.
+    #[serde(default = "default_true")]
+    pub check_headers: bool,
 }
 
 /// Start-up prefetch: the frames an image's profile names (manifest annotation
@@ -312,6 +317,7 @@ impl Default for FillSection {
             materialise_min_bytes: None,
             read_ahead_bytes: None,
             dir_prefetch_frames: None,
+            check_headers: true,
         }
     }
 }

@@ -126,7 +126,7 @@ impl Layer {
             access_log: parking_lot::Mutex::new(AccessLog::default()),
             prefetch: Arc::new(PrefetchProgress::default()),
             prefetch_claimed: parking_lot::Mutex::new(std::collections::BTreeSet::new()),
-            trust: super::trust::LayerTrust::default(),
+            trust: super::trust::LayerTrust::new(table_len),
         })
     }
 

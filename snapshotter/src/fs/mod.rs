@@ -209,7 +209,9 @@ impl Filesystem for WeenvFs {
         // Passthrough only to a complete copy made earlier (after the fill, or in the
         // background after an earlier open): copying a file inside open() put the copy and
         // its fsync on the reader's critical path (start-up, first warm read).
+        // (Passthrough hands the bytes to the kernel: only once the header is checked.)
         let complete = n.size() > 0
+            && !trust::header_pending(&self.st, &layer, node)
             && self.st.passthrough.active()
             && self
                 .st
@@ -292,6 +294,30 @@ impl Filesystem for WeenvFs {
         plan.layer.note_read(plan.node, offset, u64::from(size));
         if plan.layer.first_touch(plan.node) {
             self.touch_dir_of(&plan.layer, plan.node);
+        }
+        let unchecked = trust::header_pending(&self.st, &plan.layer, plan.node);
+        if unchecked {
+            // The file's header is checked against its TOC entry before any byte is served.
+            let st = self.st.clone();
+            self.st.rt.spawn(async move {
+                let res = match trust::check_header(&st, &plan.layer, plan.node).await {
+                    Ok(()) => st.read(&plan).await.map_err(|e| e.errno()),
+                    Err(e) => Err(e),
+                };
+                match res {
+                    Ok(data) => {
+                        st.metrics
+                            .read_bytes_served
+                            .fetch_add(data.len() as u64, Ordering::Relaxed);
+                        reply.data(&data);
+                    }
+                    Err(e) => {
+                        st.metrics.op_error(FuseOp::Read);
+                        reply.error(e);
+                    }
+                }
+            });
+            return;
         }
         if let Some(data) = self.st.read_from_cache(&plan) {
             self.st

@@ -195,6 +195,7 @@ impl FsState {
         }
         let (l, node) = self.resolve(ino)?;
         let n = l.table.node(node).ok_or(Errno::ENOENT)?;
+        super::trust::check_exposure(self, &l, node)?;
         Ok((node_attr(ino, &n), self.ttl))
     }
 

@@ -8,18 +8,29 @@
 //!   in order, to `weenv_format::tarcheck::StreamChecker` — every tar entry equals its TOC
 //!   entry (type, mode, owner, devices, size, link, xattrs, header offset, content mapping),
 //!   none missing, none extra — and compares the stream's sha256 with the claimed diff_id;
+//! - before any byte of a regular file is served ([`check_header`], from the read path) and
+//!   before an entry that can raise privilege is exposed ([`check_exposure`]: setuid/setgid,
+//!   devices, `security.capability`), the entry's tar header — fetched through the normal
+//!   cached frame path — is compared with its TOC entry (`tarcheck::check_entry`), once per
+//!   entry (a bitset). This proves the bytes at the entry's header offset are a tar header
+//!   equal to the TOC entry, not that a walk of the stream reaches that offset (a header
+//!   forged inside another file's payload passes); the completion walk proves that;
 //! - any disagreement quarantines the layer ([`LayerTrust::quarantine`]): from then on every
 //!   read of its files fails with EIO, the reason is logged with the layer digest, counted in
 //!   `weenv_layer_quarantined_total`, persisted through the [`QuarantineHook`] (the metadata
 //!   store) and shown by `/status` and `weenv status`.
 
+use super::inode::{Node, NodeKind};
+use super::layer::Layer;
+use super::ops::FsState;
 use crate::fetch::{BlobSource, FetchError, FrameStore, Priority};
 use crate::metrics::Metrics;
+use fuser::Errno;
 use parking_lot::{Mutex, RwLock};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
-use weenv_format::tarcheck::{StreamChecker, StreamReport};
-use weenv_format::{Digest, FormatError, FrameIdx, Toc};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use weenv_format::tarcheck::{check_entry, StreamChecker, StreamReport, MAX_HEADER_SPAN};
+use weenv_format::{Digest, Entry, EntryKind, FormatError, FrameIdx, Toc};
 
 /// A trust outcome to persist.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -68,10 +79,41 @@ pub struct LayerTrust {
     reason: Mutex<Option<String>>,
     claim: Mutex<Option<Digest>>,
     verified: AtomicBool,
+    /// The completion walk proved the TOC is the tar (diff_id compared or not).
+    walked: AtomicBool,
     hook: Mutex<Option<Arc<QuarantineHook>>>,
+    /// One bit per node: its entry's header was checked against the tar.
+    checked: Box<[AtomicU64]>,
+    /// Stream offset of each frame and the stream length last (computed on first use).
+    starts: OnceLock<Vec<u64>>,
 }
 
 impl LayerTrust {
+    /// The state of a layer with `nodes` nodes.
+    pub fn new(nodes: usize) -> Self {
+        LayerTrust {
+            checked: (0..nodes.div_ceil(64)).map(|_| AtomicU64::new(0)).collect(),
+            ..Default::default()
+        }
+    }
+
+    /// True once node `i`'s header was checked.
+    pub fn header_checked(&self, i: usize) -> bool {
+        self.checked
+            .get(i / 64)
+            .is_some_and(|w| w.load(Ordering::Acquire) & (1 << (i % 64)) != 0)
+    }
+
+    fn mark_header_checked(&self, i: usize) {
+        if let Some(w) = self.checked.get(i / 64) {
+            w.fetch_or(1 << (i % 64), Ordering::AcqRel);
+        }
+    }
+
+    fn stream_starts(&self, toc: &Toc) -> &[u64] {
+        self.starts.get_or_init(|| toc.stream_offsets())
+    }
+
     /// Connects the layer to the node's hook and records the diff_id its image claims.
     pub fn bind(&self, hook: Arc<QuarantineHook>, claim: Option<Digest>) {
         *self.hook.lock() = Some(hook);
@@ -100,9 +142,14 @@ impl LayerTrust {
         self.reason.lock().clone()
     }
 
-    /// True once the completion check passed.
+    /// True once the completion check passed (TOC = tar, stream = claimed diff_id).
     pub fn verified(&self) -> bool {
         self.verified.load(Ordering::Acquire)
+    }
+
+    /// True once the completion walk proved the TOC is the tar (every header checked).
+    pub fn walked(&self) -> bool {
+        self.walked.load(Ordering::Acquire)
     }
 
     /// Quarantines the layer (first reason wins): logged, counted, persisted.
@@ -135,6 +182,7 @@ impl LayerTrust {
     }
 
     fn mark_verified(&self, digest: &Digest) {
+        self.walked.store(true, Ordering::Release);
         self.verified.store(true, Ordering::Release);
         let hook = self.hook.lock().clone();
         if let Some(h) = hook {
@@ -213,6 +261,7 @@ pub async fn check_complete(
             tracing::info!(layer = %digest, diff_id = %d, "layer complete and verified");
         }
         Completion::Unclaimed(d) => {
+            trust.walked.store(true, Ordering::Release);
             tracing::info!(layer = %digest, diff_id = %d, "layer complete (no claimed diff_id to compare with)");
         }
         Completion::Mismatch(reason) => trust.quarantine(digest, reason.clone()),
@@ -220,11 +269,192 @@ pub async fn check_complete(
     Ok(v)
 }
 
+/// True for a node that can raise privilege: setuid/setgid bits, a device (a char device
+/// 0/0 is an overlay whiteout and is not one), or file capabilities. Such a node is exposed
+/// only after its header was checked. Pure.
+pub fn privileged(n: &Node<'_>) -> bool {
+    n.perm() & 0o6000 != 0
+        || n.kind() == NodeKind::Block
+        || (n.kind() == NodeKind::Char && n.rdev() != (0, 0))
+        || n.xattr(CAPABILITY_XATTR).is_some()
+}
+
+/// The xattr holding file capabilities.
+pub const CAPABILITY_XATTR: &str = "security.capability";
+
+/// Frames covering stream bytes `[from, to)`, given each frame's stream start and the stream
+/// length last (`Toc::stream_offsets`); empty when `from` is past the stream. Pure.
+pub fn frames_covering(starts: &[u64], from: u64, to: u64) -> std::ops::Range<usize> {
+    let n = starts.len().saturating_sub(1);
+    let len = starts.last().copied().unwrap_or(0);
+    if from >= len {
+        return n..n;
+    }
+    let first = starts[..n]
+        .partition_point(|&s| s <= from)
+        .saturating_sub(1);
+    let last = starts[..n].partition_point(|&s| s < to.max(from + 1));
+    first..last.max(first + 1)
+}
+
+/// Whether `node`'s header must still be checked before it is served or exposed.
+pub fn header_pending(st: &FsState, layer: &Layer, node: u32) -> bool {
+    st.fill.check_headers && !layer.trust.walked() && !layer.trust.header_checked(node as usize)
+}
+
+/// Checks `node`'s tar header against its TOC entry (once per entry). A mismatch quarantines
+/// the layer; it and a fetch failure are EIO.
+pub async fn check_header(st: &FsState, layer: &Layer, node: u32) -> Result<(), Errno> {
+    if !header_pending(st, layer, node) {
+        return Ok(());
+    }
+    let Some(entry) = layer.toc_entry(node) else {
+        return Ok(());
+    };
+    match header_check(st, layer, &entry).await {
+        Ok(()) => {
+            layer.trust.mark_header_checked(node as usize);
+            st.metrics.header_checks.fetch_add(1, Ordering::Relaxed);
+            Ok(())
+        }
+        Err(HeaderFail::Fetch(e)) => {
+            tracing::debug!(layer = %layer.digest, path = %entry.path, error = %e, "header check could not fetch its frames: EIO");
+            Err(e.errno())
+        }
+        Err(HeaderFail::Mismatch(e)) => {
+            layer.quarantine(format!("the TOC does not match the tar stream: {e}"));
+            Err(Errno::EIO)
+        }
+    }
+}
+
+/// Before `node` is exposed (lookup, getattr, readdirplus): a privileged node is checked
+/// first, on this FUSE thread (rare: setuid binaries, devices, capabilities). Plain metadata
+/// is served from the TOC; the completion check covers it.
+pub fn check_exposure(st: &FsState, layer: &Layer, node: u32) -> Result<(), Errno> {
+    let Some(n) = layer.table.node(node) else {
+        return Ok(());
+    };
+    if !privileged(&n) || !header_pending(st, layer, node) {
+        return Ok(());
+    }
+    let fut = check_header(st, layer, node);
+    match tokio::runtime::Handle::try_current() {
+        // A FUSE worker thread: no runtime of its own.
+        Err(_) => st.rt.block_on(fut),
+        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(|| st.rt.block_on(fut))
+        }
+        Ok(_) => {
+            tracing::warn!(layer = %layer.digest, node, "privileged entry looked up from a single-threaded runtime: cannot check its header here; EIO");
+            Err(Errno::EIO)
+        }
+    }
+}
+
+enum HeaderFail {
+    Fetch(FetchError),
+    Mismatch(FormatError),
+}
+
+/// Fetches the frames from `entry.header` to its data start (files) or one header block, more
+/// while the tar says the header blocks go on (up to `MAX_HEADER_SPAN`), and checks.
+async fn header_check(st: &FsState, layer: &Layer, entry: &Entry) -> Result<(), HeaderFail> {
+    let toc = &layer.frames;
+    let starts = layer.trust.stream_starts(toc);
+    let len = starts.last().copied().unwrap_or(0);
+    let span_end = entry.header.saturating_add(MAX_HEADER_SPAN).min(len);
+    let need_end = match toc.data_start(entry) {
+        Some(d) if entry.kind == EntryKind::File => d,
+        _ => entry.header.saturating_add(512),
+    }
+    .min(len);
+    let mut range = frames_covering(starts, entry.header, need_end);
+    if range.is_empty() {
+        return Err(HeaderFail::Mismatch(FormatError::TocMismatch {
+            path: entry.path.clone(),
+            field: "header offset",
+            toc: entry.header.to_string(),
+            tar: format!("past the stream end ({len})"),
+        }));
+    }
+    loop {
+        let idxs: Vec<FrameIdx> = range.clone().map(|i| FrameIdx(i as u32)).collect();
+        let frames = st
+            .store
+            .get_frames(&toc.frames, &layer.source, &idxs, Priority::OnDemand)
+            .await
+            .map_err(HeaderFail::Fetch)?;
+        let base = starts.get(range.start).copied().unwrap_or(0);
+        let mut buf = Vec::with_capacity(frames.iter().map(|f| f.len()).sum());
+        for f in &frames {
+            buf.extend_from_slice(f);
+        }
+        let skip = usize::try_from(entry.header - base).unwrap_or(usize::MAX);
+        let bytes = buf.get(skip..).unwrap_or(&[]);
+        match check_entry(toc, entry, bytes) {
+            Ok(_) => return Ok(()),
+            Err(FormatError::TruncatedTar { .. })
+                if starts.get(range.end).is_some_and(|&e| e < span_end) =>
+            {
+                range = range.start..range.end + 1;
+            }
+            Err(e) => return Err(HeaderFail::Mismatch(e)),
+        }
+    }
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
     use crate::fetch::testutil::{noise, six_file_store, tar_of, MemSource, T};
+
+    #[test]
+    fn frames_covering_tiles_the_stream() {
+        let starts = [0, 100, 200, 300]; // three frames, stream of 300 bytes
+        assert_eq!(frames_covering(&starts, 0, 1), 0..1);
+        assert_eq!(frames_covering(&starts, 99, 100), 0..1);
+        assert_eq!(frames_covering(&starts, 99, 101), 0..2);
+        assert_eq!(frames_covering(&starts, 100, 100), 1..2);
+        assert_eq!(frames_covering(&starts, 150, 300), 1..3);
+        assert_eq!(frames_covering(&starts, 250, 900), 2..3);
+        assert!(frames_covering(&starts, 300, 400).is_empty());
+        assert!(frames_covering(&[0], 0, 10).is_empty());
+    }
+
+    #[test]
+    fn privileged_entries() {
+        use crate::fs::inode::LayerTable;
+        let (_, mut toc, _) = crate::fetch::testutil::build_layer(
+            &tar_of(&[
+                T::File("plain", b"x".to_vec()),
+                T::File("suid", b"x".to_vec()),
+                T::File("sgid", b"x".to_vec()),
+                T::File("cap", b"x".to_vec()),
+                T::File(".wh.gone", Vec::new()),
+            ]),
+            4096,
+        );
+        for e in &mut toc.entries {
+            match e.path.as_str() {
+                "suid" => e.mode |= 0o4000,
+                "sgid" => e.mode |= 0o2000,
+                "cap" => {
+                    e.xattrs.insert(CAPABILITY_XATTR.into(), vec![1]);
+                }
+                _ => {}
+            }
+        }
+        let t = LayerTable::build(&toc).unwrap();
+        let p = |path: &str| privileged(&t.node(t.resolve(path).unwrap()).unwrap());
+        assert!(!p("plain") && p("suid") && p("sgid") && p("cap"));
+        assert!(!p("gone"), "a whiteout (char 0/0) is not a device");
+        // the entry a node shows, for its header check
+        let e = t.toc_entry(t.resolve("suid").unwrap()).unwrap();
+        let orig = toc.entries.iter().find(|x| x.path == "suid").unwrap();
+        assert_eq!((e.header, e.mode), (orig.header, orig.mode));
+    }
 
     #[test]
     fn verdicts() {
