@@ -145,7 +145,7 @@ pub async fn push_one_layer_image(
     reference: &str,
     layer: &[u8],
     diff_id: &Digest,
-    annotations: &[(&str, String)],
+    annotations: &std::collections::BTreeMap<String, String>,
 ) -> Result<Digest> {
     let r: weenv_registry::Reference = reference.parse()?;
     let config = serde_json::json!({
@@ -166,7 +166,7 @@ pub async fn push_one_layer_image(
         .await?;
     let ann: serde_json::Map<String, serde_json::Value> = annotations
         .iter()
-        .map(|(k, v)| ((*k).to_string(), serde_json::Value::String(v.clone())))
+        .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
         .collect();
     let manifest = serde_json::json!({
         "schemaVersion": 2,
@@ -182,4 +182,42 @@ pub async fn push_one_layer_image(
             "application/vnd.oci.image.manifest.v1+json",
         )
         .await?)
+}
+
+/// A weenv layer (made by the format writer) of `entries` tar entries shaped like a distro
+/// tree: one directory per 50 entries, 10% symlinks, the rest small files (100–300 bytes).
+/// Returns the blob and its summary (diff_id, TOC location).
+pub fn many_entries_layer(entries: u64) -> Result<(Vec<u8>, weenv_format::LayerSummary)> {
+    let mut tar = tar::Builder::new(Vec::new());
+    let mut dir = String::new();
+    for i in 0..entries {
+        let mut h = tar::Header::new_gnu();
+        h.set_mtime(1_700_000_000 + i);
+        if i % 50 == 0 {
+            dir = format!("usr/share/pkg{:05}/dir{i:07}", i / 5000);
+            h.set_entry_type(tar::EntryType::Directory);
+            h.set_mode(0o755);
+            h.set_size(0);
+            tar.append_data(&mut h, &dir, &[][..])?;
+        } else if i % 10 == 1 {
+            h.set_entry_type(tar::EntryType::Symlink);
+            h.set_mode(0o777);
+            h.set_size(0);
+            tar.append_link(
+                &mut h,
+                format!("{dir}/link{i:07}"),
+                format!("file{:07}", i - 1),
+            )?;
+        } else {
+            let data = noise(i, 100 + (i % 200) as usize);
+            h.set_mode(0o644);
+            h.set_size(data.len() as u64);
+            tar.append_data(&mut h, format!("{dir}/file{i:07}.py"), &data[..])?;
+        }
+    }
+    let tar = tar.into_inner()?;
+    let mut blob = Vec::new();
+    let summary =
+        weenv_format::write_layer(&tar[..], &mut blob, &weenv_format::WriterOptions::default())?;
+    Ok((blob, summary))
 }

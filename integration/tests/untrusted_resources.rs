@@ -5,6 +5,16 @@
 //!   twice (through FUSE, then from the complete copies); `du` of the cache dir, sampled every
 //!   100 ms, never exceeds the cap by more than one fill batch (4 MiB), `/status` reports what
 //!   `du` sees, and evicted content is served correctly again.
+//! - `huge_toc_is_refused_with_bounded_memory`: a hand-made 3 MB-ish layer whose TOC lists
+//!   3,000,000 entries; its lazy pull fails with the limit error (layer digest, limit, config
+//!   key), the daemon's peak RSS (`VmHWM`) stays under 300 MB and it goes on serving another
+//!   image.
+//! - `a_300k_entry_layer_costs_under_100_bytes_per_entry`: a writer-made layer of 300,000
+//!   entries mounted lazily (fill off): `/status` TOC bytes per entry ≤ 100 and the daemon's
+//!   RSS growth per entry (the real resident cost) ≤ 120 (measured: 98).
+//! - `mounted_python_layers_cost_under_100_bytes_per_entry`: the Debian+python3 image's layers
+//!   mounted lazily; `/status` TOC bytes per entry ≤ 100, and the daemon's RSS growth per
+//!   entry is printed.
 
 mod snapshotter_common;
 
@@ -17,7 +27,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use weenv_integration::containerd::{Containerd, ContainerdOptions};
 use weenv_integration::registry::LocalRegistry;
-use weenv_integration::untrusted_resources::{data_image, noise};
+use weenv_integration::untrusted_resources::{
+    data_image, huge_toc_blob, many_entries_layer, noise, push_one_layer_image,
+};
 use weenv_integration::util::{require_root_and_bins, E2E_FUSE_BINS};
 
 const CAP: u64 = 64 << 20;
@@ -133,14 +145,52 @@ fn check_content(dir: &Path, seed: u64) -> Result<()> {
     Ok(())
 }
 
+/// A private registry (under `tmp`) and a client for it.
+fn registry(tmp: &Path) -> Result<(LocalRegistry, String, weenv_registry::Client)> {
+    require_root_and_bins(E2E_FUSE_BINS)?;
+    let reg = LocalRegistry::start(tmp)?;
+    let host = reg.host();
+    let client = client(std::slice::from_ref(&host))?;
+    Ok((reg, host, client))
+}
+
+/// A daemon under `root` for registry `host` (background fill `fill`, `fill_extra` in
+/// `[fill]`, the disk cache capped at `disk_bytes`), and a containerd using it.
+fn daemon_and_containerd(
+    root: &Path,
+    host: &str,
+    (fill, fill_extra): (bool, &str),
+    disk_bytes: Option<u64>,
+) -> Result<(Daemon, Containerd)> {
+    let mut daemon = Daemon::start(
+        root,
+        &DaemonOptions {
+            plain_http: vec![host.to_string()],
+            fill,
+            fill_extra: fill_extra.into(),
+        },
+    )?;
+    if let Some(cap) = disk_bytes {
+        let cfg = std::fs::read_to_string(&daemon.config)?;
+        ensure!(cfg.contains("disk_bytes = 4294967296"), "{cfg}");
+        std::fs::write(
+            &daemon.config,
+            cfg.replace("disk_bytes = 4294967296", &format!("disk_bytes = {cap}")),
+        )?;
+        daemon.restart()?;
+    }
+    let ctd = Containerd::start(ContainerdOptions {
+        proxy_snapshotter: Some(daemon.socket.clone()),
+        ..Default::default()
+    })?;
+    Ok((daemon, ctd))
+}
+
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs root, containerd, runc, fuse, docker-registry, skopeo, umoci"]
 async fn disk_cache_stays_within_its_cap() -> Result<()> {
-    require_root_and_bins(E2E_FUSE_BINS)?;
     let tmp = tempfile::tempdir()?;
-    let reg = LocalRegistry::start(tmp.path())?;
-    let host = reg.host();
-    let client = client(std::slice::from_ref(&host))?;
+    let (reg, host, client) = registry(tmp.path())?;
     let mut refs = Vec::new();
     let t0 = Instant::now();
     for seed in 1..=4u64 {
@@ -154,25 +204,12 @@ async fn disk_cache_stays_within_its_cap() -> Result<()> {
     }
     println!("4 images built and converted in {:?}", t0.elapsed());
 
-    let mut daemon = Daemon::start(
+    let (daemon, ctd) = daemon_and_containerd(
         &tmp.path().join("snap"),
-        &DaemonOptions {
-            plain_http: vec![host.clone()],
-            fill: true,
-            fill_extra: "quiet_ms = 0".into(),
-        },
+        &host,
+        (true, "quiet_ms = 0"),
+        Some(CAP),
     )?;
-    let cfg = std::fs::read_to_string(&daemon.config)?;
-    ensure!(cfg.contains("disk_bytes = 4294967296"), "{cfg}");
-    std::fs::write(
-        &daemon.config,
-        cfg.replace("disk_bytes = 4294967296", &format!("disk_bytes = {CAP}")),
-    )?;
-    daemon.restart()?;
-    let ctd = Containerd::start(ContainerdOptions {
-        proxy_snapshotter: Some(daemon.socket.clone()),
-        ..Default::default()
-    })?;
     let state = daemon.root.join("state");
     let (cache, mnt) = (state.join("cache"), state.join("mnt"));
 
@@ -251,5 +288,200 @@ async fn disk_cache_stays_within_its_cap() -> Result<()> {
         final_du.abs_diff(reported) <= 1 << 20,
         "/status says {reported} B, du says {final_du} B"
     );
+    Ok(())
+}
+
+/// Pid of the daemon started with `config` (from `/proc/*/cmdline`).
+fn daemon_pid(config: &Path) -> Result<u32> {
+    let want = config.display().to_string();
+    for e in std::fs::read_dir("/proc")?.flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let cmd = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+        let args: Vec<&[u8]> = cmd.split(|b| *b == 0).collect();
+        if args
+            .first()
+            .is_some_and(|a| a.ends_with(b"weenv-snapshotter"))
+            && args.contains(&want.as_bytes())
+        {
+            return Ok(pid);
+        }
+    }
+    anyhow::bail!("no weenv-snapshotter running with {want}")
+}
+
+/// (VmRSS, VmHWM) of `pid` in bytes.
+fn rss(pid: u32) -> Result<(u64, u64)> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let kb = |key: &str| -> Result<u64> {
+        s.lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+            .map(|v| v << 10)
+            .with_context(|| format!("{key} in /proc/{pid}/status"))
+    };
+    Ok((kb("VmRSS:")?, kb("VmHWM:")?))
+}
+
+const MIB: f64 = (1 << 20) as f64;
+
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs root, containerd, runc, fuse, docker-registry, skopeo, umoci"]
+async fn huge_toc_is_refused_with_bounded_memory() -> Result<()> {
+    let tmp = tempfile::tempdir()?;
+    let (reg, host, client) = registry(tmp.path())?;
+    let gz = reg.push(&weenv_integration::images::busybox()?, "busybox:gz")?;
+    let good = format!("{host}/busybox:weenv");
+    convert(&client, &gz, &good).await?;
+
+    const ENTRIES: u64 = 3_000_000;
+    let h = huge_toc_blob(ENTRIES)?;
+    let layer = weenv_format::Digest::sha256(&h.blob);
+    let evil = format!("{host}/huge:toc");
+    push_one_layer_image(
+        &client,
+        &evil,
+        &h.blob,
+        &h.diff_id,
+        &[
+            (
+                weenv_format::ANNOTATION_TOC_DIGEST,
+                h.toc_digest.to_string(),
+            ),
+            (
+                weenv_format::ANNOTATION_TOC_OFFSET,
+                h.toc_offset.to_string(),
+            ),
+            (weenv_format::ANNOTATION_TOC_LENGTH, h.toc_len.to_string()),
+            (
+                weenv_format::ANNOTATION_FORMAT_VERSION,
+                weenv_format::FORMAT_VERSION.to_string(),
+            ),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect(),
+    )
+    .await?;
+    println!(
+        "hand-made layer {layer}: {} bytes, TOC of {ENTRIES} entries",
+        h.blob.len()
+    );
+
+    let (daemon, ctd) = daemon_and_containerd(&tmp.path().join("snap"), &host, (true, ""), None)?;
+    let pid = daemon_pid(&daemon.config)?;
+    let (before, _) = rss(pid)?;
+    let err = match daemon.pull(ctd.address(), "t", &evil) {
+        Ok(out) => anyhow::bail!("the pull of a 3M-entry TOC succeeded: {out}"),
+        Err(e) => format!("{e:#}"),
+    };
+    let (after, peak) = rss(pid)?;
+    println!(
+        "daemon RSS: before {:.1} MiB, peak {:.1} MiB, after {:.1} MiB",
+        before as f64 / MIB,
+        peak as f64 / MIB,
+        after as f64 / MIB
+    );
+    let first = err.lines().next().unwrap_or_default();
+    println!("pull error: {first}");
+    ensure!(
+        err.contains(layer.hex())
+            && err.contains("over the limit of")
+            && err.contains("limits.max_toc_"),
+        "the error must name the layer, the limit and the config key: {err}"
+    );
+    ensure!(peak < 300 << 20, "peak RSS {peak} B");
+    ensure!(after < 100 << 20, "RSS after {after} B");
+    // The daemon still serves other images.
+    daemon.pull(ctd.address(), "t", &good)?;
+    let out = ctr_run(
+        &ctd,
+        "t",
+        "weenv",
+        &good,
+        "after-huge",
+        &["cat", "/etc/weenv"],
+    )?;
+    ensure!(out.contains("hello from weenv test image"), "{out}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs root, containerd, runc, fuse, docker-registry, skopeo, debootstrap"]
+async fn mounted_python_layers_cost_under_100_bytes_per_entry() -> Result<()> {
+    let img = PythonImage::start().await?;
+    let daemon = Daemon::start(&img.tmp.path().join("snap"), &img.daemon_options())?;
+    let ctd = Containerd::start(ContainerdOptions {
+        proxy_snapshotter: Some(daemon.socket.clone()),
+        ..Default::default()
+    })?;
+    let pid = daemon_pid(&daemon.config)?;
+    let (before, _) = rss(pid)?;
+    daemon.pull(ctd.address(), "t", &img.direct)?;
+    let (after, peak) = rss(pid)?;
+    let s = status(&daemon)?;
+    let layers = s["layers"].as_array().context("layers")?;
+    let entries: u64 = layers.iter().filter_map(|l| l["entries"].as_u64()).sum();
+    let toc_bytes: u64 = layers.iter().filter_map(|l| l["toc_bytes"].as_u64()).sum();
+    ensure!(entries > 1000, "{s}");
+    let per_entry = toc_bytes as f64 / entries as f64;
+    println!(
+        "python image: {} layers, {entries} entries; /status TOC bytes {toc_bytes} = {per_entry:.1} B/entry; \
+         daemon RSS before {:.1} MiB, after {:.1} MiB (peak {:.1} MiB): {:.1} B/entry resident growth",
+        layers.len(),
+        before as f64 / MIB,
+        after as f64 / MIB,
+        peak as f64 / MIB,
+        after.saturating_sub(before) as f64 / entries as f64
+    );
+    ensure!(
+        s["memory"]["rss"].as_u64().unwrap_or(0) > 0,
+        "/status accounts RSS: {s}"
+    );
+    ensure!(per_entry <= 100.0, "{per_entry:.1} B/entry");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs root, containerd, runc, fuse, docker-registry"]
+async fn a_300k_entry_layer_costs_under_100_bytes_per_entry() -> Result<()> {
+    const ENTRIES: u64 = 300_000;
+    let tmp = tempfile::tempdir()?;
+    let (_reg, host, client) = registry(tmp.path())?;
+    let t0 = Instant::now();
+    let (blob, sum) = many_entries_layer(ENTRIES)?;
+    let annotations = weenv_format::descriptor_annotations(&sum);
+    let image = format!("{host}/many:entries");
+    push_one_layer_image(&client, &image, &blob, &sum.diff_id, &annotations).await?;
+    println!(
+        "layer of {} entries, {} bytes, built and pushed in {:?}",
+        sum.entry_count,
+        blob.len(),
+        t0.elapsed()
+    );
+    let (daemon, ctd) = daemon_and_containerd(&tmp.path().join("snap"), &host, (false, ""), None)?;
+    let pid = daemon_pid(&daemon.config)?;
+    let (before, _) = rss(pid)?;
+    daemon.pull(ctd.address(), "t", &image)?;
+    let (after, peak) = rss(pid)?;
+    let s = status(&daemon)?;
+    let l = &s["layers"][0];
+    let entries = l["entries"].as_u64().context("entries")?;
+    let toc_bytes = l["toc_bytes"].as_u64().context("toc_bytes")?;
+    let per_entry = toc_bytes as f64 / entries as f64;
+    let resident = after.saturating_sub(before) as f64 / entries as f64;
+    println!(
+        "{entries} entries: /status TOC bytes {toc_bytes} = {per_entry:.1} B/entry; daemon RSS \
+         before {:.1} MiB, after {:.1} MiB (peak {:.1} MiB while the TOC was decoded): \
+         {resident:.1} B/entry resident growth",
+        before as f64 / MIB,
+        after as f64 / MIB,
+        peak as f64 / MIB
+    );
+    println!("{}", daemon.weenv(&["status"])?);
+    ensure!(entries == ENTRIES, "{s}");
+    ensure!(per_entry <= 100.0, "{per_entry:.1} B/entry");
+    ensure!(resident <= 120.0, "{resident:.1} B/entry resident");
     Ok(())
 }

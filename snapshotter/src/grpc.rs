@@ -39,6 +39,10 @@ pub fn status_of(e: &SnapshotError) -> Status {
             Status::already_exists(msg)
         }
         SnapshotError::Store(StoreError::FailedPrecondition(_)) => Status::failed_precondition(msg),
+        SnapshotError::Remount {
+            error: crate::remote::RemoteError::Limit(_),
+            ..
+        } => Status::resource_exhausted(msg),
         SnapshotError::Store(StoreError::InvalidArgument(_)) | SnapshotError::Filter(_) => {
             Status::invalid_argument(msg)
         }

@@ -54,6 +54,7 @@ fn main() -> std::process::ExitCode {
         LogFormat::Json => b.json().init(),
         LogFormat::Text => b.init(),
     }
+    weenv_snapshotter::layers::tune_allocator();
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

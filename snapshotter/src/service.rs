@@ -280,6 +280,16 @@ impl SnapshotService {
                     warn!(key, target = %req.target, digest = %req.digest, reason,
                         "layer not shared lazily; taking the ordinary path")
                 }
+                Err(
+                    e @ SnapshotError::Remount {
+                        error: RemoteError::Limit(_),
+                        ..
+                    },
+                ) => {
+                    self.counters.remote_errors.fetch_add(1, Ordering::Relaxed);
+                    warn!(key, digest = %req.digest, error = %e, "layer refused: over a limit");
+                    return Err(e);
+                }
                 Err(e) => {
                     self.counters.remote_errors.fetch_add(1, Ordering::Relaxed);
                     warn!(key, digest = %req.digest, error = %e,

@@ -13,9 +13,9 @@
 //!   directory only updates its metadata);
 //! - hardlinks share the node of their target (`nlink` counts the names).
 //!
-//! Layout (86 heap bytes per entry on a synthetic 1M-entry TOC, see
-//! `compact_table_bytes_per_entry`; the decoded `Toc` plus the former table took ~10x): one
-//! fixed-size 48-byte record
+//! Layout (85 heap bytes per entry on a synthetic 1M-entry TOC, see
+//! `compact_table_bytes_per_entry`; a mounted 300k-entry layer grows the daemon's RSS by
+//! ~98 B/entry, `integration/tests/untrusted_resources.rs`): one fixed-size 48-byte record
 //! per node; all names in one byte arena; the directory entries of all directories in one
 //! array (each directory a run sorted by name, found by binary search); the payload chunks of
 //! all files in one array of 12-byte records (the file offset is the running sum); owners
@@ -114,7 +114,10 @@ pub struct LayerTable {
     chunks: Vec<Chunk>,
     owners: Vec<(u32, u32)>,
     /// Symlink targets by node.
-    links: HashMap<u32, Box<str>>,
+    links: HashMap<u32, (u32, u32)>,
+    /// The link targets, one after the other (no allocation per link: a decoded TOC's freed
+    /// pages would stay resident under them).
+    link_bytes: Vec<u8>,
     /// Device numbers by node.
     devs: HashMap<u32, (u32, u32)>,
     /// Header offsets that do not fit `Rec::header_block`, by node.
@@ -205,7 +208,7 @@ impl<'a> Node<'a> {
         if self.kind() != NodeKind::Symlink {
             return None;
         }
-        self.t.links.get(&self.id).map(|s| &**s)
+        self.t.link_of(self.id)
     }
 
     /// The value of xattr `name` (a whiteout has none).
@@ -333,8 +336,7 @@ impl LayerTable {
             + self.names.capacity()
             + self.chunks.capacity() * size_of::<Chunk>()
             + self.owners.capacity() * 8) as u64;
-        b += side(self.links.capacity(), 4 + 16)
-            + self.links.values().map(|s| s.len() as u64).sum::<u64>();
+        b += side(self.links.capacity(), 12) + self.link_bytes.capacity() as u64;
         b += side(self.devs.capacity(), 12) + side(self.nsecs.capacity(), 8);
         b += side(self.headers.capacity(), 16);
         b += side(self.xattrs.capacity(), 4 + 16);
@@ -349,6 +351,14 @@ impl LayerTable {
             .iter()
             .map(|s| 24 + s.len() as u64)
             .sum::<u64>()
+    }
+
+    fn link_of(&self, n: u32) -> Option<&str> {
+        let &(off, len) = self.links.get(&n)?;
+        let s = off as usize;
+        self.link_bytes
+            .get(s..s + len as usize)
+            .and_then(|b| std::str::from_utf8(b).ok())
     }
 
     fn name(&self, d: &Dirent) -> &str {
@@ -467,7 +477,7 @@ impl LayerTable {
             mtime: r.mtime,
             mtime_nsec: node.mtime_nsec(),
             size: if file { r.size } else { 0 },
-            link: self.links.get(&n).map(|s| s.to_string()),
+            link: self.link_of(n).map(str::to_string),
             devmajor,
             devminor,
             xattrs: self
@@ -755,7 +765,13 @@ impl<'a> Builder<'a> {
     /// Link target and device numbers, kept in side tables.
     fn keep_rare(&mut self, n: u32, e: &Entry) {
         if let Some(l) = &e.link {
-            self.t.links.insert(n, l.as_str().into());
+            if let (Ok(off), Ok(len)) = (
+                u32::try_from(self.t.link_bytes.len()),
+                u32::try_from(l.len()),
+            ) {
+                self.t.link_bytes.extend_from_slice(l.as_bytes());
+                self.t.links.insert(n, (off, len));
+            }
         }
         if e.devmajor != 0 || e.devminor != 0 {
             self.t.devs.insert(n, (e.devmajor, e.devminor));
@@ -808,6 +824,7 @@ impl<'a> Builder<'a> {
         t.chunks.shrink_to_fit();
         t.owners.shrink_to_fit();
         t.links.shrink_to_fit();
+        t.link_bytes.shrink_to_fit();
         t.devs.shrink_to_fit();
         t.nsecs.shrink_to_fit();
         t.headers.shrink_to_fit();

@@ -313,13 +313,10 @@ impl Inner {
                 found
             }
         };
-        let (toc_digest, toc) =
-            self.tocs
-                .put(d, &tail, size, hint_toc)
-                .map_err(|e| RemoteError::Toc {
-                    digest: d.to_string(),
-                    message: e.to_string(),
-                })?;
+        let (toc_digest, toc) = self
+            .tocs
+            .put(d, &tail, size, hint_toc)
+            .map_err(|e| toc_put_err(d, e))?;
         self.store
             .put_layer(&LayerRecord {
                 digest: d.to_string(),
@@ -457,10 +454,7 @@ impl LayerProvider for WeenvLayers {
                 let (_, toc) = me
                     .tocs
                     .put(d, &tail, size, bound_toc.as_ref())
-                    .map_err(|e| RemoteError::Toc {
-                        digest: d.to_string(),
-                        message: e.to_string(),
-                    })?;
+                    .map_err(|e| toc_put_err(d, e))?;
                 me.expose(d, &rec.reference, size, toc, claim.as_ref())?
             }
         };
@@ -512,6 +506,17 @@ impl LayerProvider for WeenvLayers {
             digest: d.to_string(),
             message: e.to_string(),
         })
+    }
+}
+
+/// A TOC over the configured limits is [`RemoteError::Limit`]; any other failure `Toc`.
+fn toc_put_err(d: &Digest, e: super::toc_cache::TocCacheError) -> RemoteError {
+    match e {
+        super::toc_cache::TocCacheError::Limit { .. } => RemoteError::Limit(e.to_string()),
+        e => RemoteError::Toc {
+            digest: d.to_string(),
+            message: e.to_string(),
+        },
     }
 }
 

@@ -11,7 +11,10 @@ const D2: &str = "sha256:2222222222222222222222222222222222222222222222222222222
 /// Another weenv layer (the attacker's).
 const D3: &str = "sha256:3333333333333333333333333333333333333333333333333333333333333333";
 
-/// Fake provider: D1 and D3 are weenv layers, everything else is not.
+/// A weenv layer over a configured limit.
+const D4: &str = "sha256:4444444444444444444444444444444444444444444444444444444444444444";
+
+/// Fake provider: D1 and D3 are weenv layers, D4 one over a limit, everything else is not.
 #[derive(Default)]
 struct Fake {
     mounted: Mutex<Vec<String>>,
@@ -36,6 +39,11 @@ impl Fake {
 #[async_trait::async_trait]
 impl LayerProvider for Fake {
     async fn mount(&self, req: &RemoteLayerRequest) -> Result<Option<MountedLayer>, RemoteError> {
+        if req.digest.as_str() == D4 {
+            return Err(RemoteError::Limit(format!(
+                "layer {D4}: its TOC entry count is 3000000, over the limit of 1000000"
+            )));
+        }
         if req.digest.as_str() != D1 && req.digest.as_str() != D3 {
             return Ok(None);
         }
@@ -368,4 +376,33 @@ async fn quarantined_layers_and_false_claims_take_the_ordinary_path() {
         .await
         .unwrap();
     assert!(s.counters().render().contains("outcome=\"refused\"} 3"));
+}
+
+#[tokio::test]
+async fn a_layer_over_a_limit_fails_its_prepare() {
+    let d = tempfile::tempdir().unwrap();
+    let s = svc(d.path(), Some(Arc::new(Fake::default())));
+    let e = s
+        .prepare("ns/1/extract", "", remote_labels("sha256:c4", D4))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            &e,
+            SnapshotError::Remount {
+                error: RemoteError::Limit(_),
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(e.to_string().contains(D4) && e.to_string().contains("over the limit"));
+    assert_eq!(
+        crate::grpc::status_of(&e).code(),
+        containerd_snapshots::tonic::Code::ResourceExhausted
+    );
+    assert!(
+        s.stat("ns/1/extract").is_err(),
+        "no ordinary snapshot either"
+    );
 }
