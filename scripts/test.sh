@@ -32,6 +32,8 @@ run_tests() {
   cargo test --workspace --no-fail-fast -- --include-ignored ${WEENV_TEST_ARGS:-} 2>&1 | tee "$test_log"
 }
 step "cargo test (incl. ignored)" run_tests
+# Every fuzz target of format/fuzz for a short budget (installs cargo-fuzz if missing).
+step "fuzz smoke (20 s per target)" scripts/fuzz.sh 20
 
 # One closing line for the whole run (cargo prints one "test result" per test binary), last.
 summary() {

@@ -156,7 +156,7 @@ fn extra_char_device_only_in_the_toc() {
         dev.devmajor = 1;
         dev.devminor = 1;
     });
-    assert_lie_named(&v, &["dev/mem", "absent"]);
+    assert_lie_named(&v, &["dev/mem", "no entry"]);
 }
 
 #[test]
@@ -194,7 +194,7 @@ fn file_present_only_in_the_toc() {
     let v = verify_lie(|t| {
         push_fake(t, "etc/sudoers");
     });
-    assert_lie_named(&v, &["etc/sudoers", "absent"]);
+    assert_lie_named(&v, &["etc/sudoers", "no entry"]);
 }
 
 #[test]
@@ -203,7 +203,7 @@ fn toc_missing_a_tar_entry() {
         let i = idx(t, "etc/secret");
         t.entries.remove(i);
     });
-    assert_lie_named(&v, &["etc/secret", "absent"]);
+    assert_lie_named(&v, &["etc/secret", "no entry"]);
 }
 
 #[test]

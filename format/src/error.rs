@@ -108,14 +108,14 @@ pub enum FormatError {
     FrameLayout { frame: u64, reason: String },
     #[error("TOC entry {path:?} is invalid: {reason}")]
     EntryLayout { path: String, reason: String },
-    #[error("TOC entry {path:?} does not match the tar stream: {field} is {toc} in the TOC but {tar} in the tar")]
+    #[error("TOC entry {path:?} does not match the tar stream: {field}: {toc} in the TOC, {tar} in the tar")]
     TocMismatch {
         path: String,
         field: &'static str,
         toc: String,
         tar: String,
     },
-    #[error("TOC does not match the tar stream: {what} is {toc} in the TOC but {tar} in the tar")]
+    #[error("TOC does not match the tar stream: {what}: {toc} in the TOC, {tar} in the tar")]
     StreamMismatch {
         what: &'static str,
         toc: String,

@@ -276,8 +276,8 @@ impl TarSink for CheckSink<'_> {
             return Err(mismatch(
                 &tar.path,
                 "presence",
-                "absent".into(),
-                format!("a {:?} entry at stream offset {}", tar.kind, tar.header),
+                "no entry".into(),
+                format!("an entry ({:?}) at stream offset {}", tar.kind, tar.header),
             ));
         };
         if toc.path != tar.path {
@@ -289,15 +289,15 @@ impl TarSink for CheckSink<'_> {
                 mismatch(
                     &toc.path,
                     "presence",
-                    format!("a {:?} entry at stream offset {}", toc.kind, toc.header),
-                    format!("absent (the tar has {:?} there)", tar.path),
+                    format!("an entry ({:?}) at stream offset {}", toc.kind, toc.header),
+                    format!("no entry (the tar has {:?} there)", tar.path),
                 )
             } else {
                 mismatch(
                     &tar.path,
                     "presence",
-                    format!("absent (the TOC has {:?} there)", toc.path),
-                    format!("a {:?} entry at stream offset {}", tar.kind, tar.header),
+                    format!("no entry (the TOC has {:?} there)", toc.path),
+                    format!("an entry ({:?}) at stream offset {}", tar.kind, tar.header),
                 )
             });
         }
@@ -369,8 +369,8 @@ impl<'t> StreamChecker<'t> {
             return Err(mismatch(
                 &e.path,
                 "presence",
-                format!("a {:?} entry at stream offset {}", e.kind, e.header),
-                "absent (the tar has no such entry)".into(),
+                format!("an entry ({:?}) at stream offset {}", e.kind, e.header),
+                "no entry".into(),
             ));
         }
         let toc_len = s.starts.last().copied().unwrap_or(0);

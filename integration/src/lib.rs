@@ -6,9 +6,11 @@
 //! - [`images`]: test images built offline (busybox-static, Debian via debootstrap).
 //! - [`containerd`]: a private containerd with the weenv proxy snapshotter and shim.
 //! - [`untrusted_resources`]: images that try to exhaust the daemon's disk and memory.
+//! - [`untrusted_tocbind`]: weenv images whose TOC lies about the tar in the same blob.
 
 pub mod containerd;
 pub mod images;
 pub mod registry;
 pub mod untrusted_resources;
+pub mod untrusted_tocbind;
 pub mod util;
