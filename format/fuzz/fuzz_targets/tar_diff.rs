@@ -1,7 +1,8 @@
 //! Differential fuzz: our tar parser (`weenv_format::tar`, the one the writer and the TOC
 //! checks use) against the `tar` crate on the same bytes. Where both accept the input, they
-//! must list the same entries in the same order with the same path (normalised), type, size
-//! and link name.
+//! must list the same entries in the same order with the same path (normalised), type, size,
+//! link name, permission bits (setuid/setgid/sticky included), uid/gid (PAX overrides
+//! included) and, for devices, major/minor numbers.
 //!
 //! Accepted differences (inputs showing them are skipped or normalised, never compared):
 //! - we reject much the tar crate accepts (checksums are not the issue: we accept signed ones
@@ -16,9 +17,13 @@
 //!   lists such an entry are skipped.
 //! - a PAX record with an empty value: Go and we treat it as "unset" (the header field
 //!   applies); the tar crate uses the empty value. A key given twice: Go and we keep the last,
-//!   the tar crate the first. Inputs with either for `path`, `linkpath` or `size` are skipped.
+//!   the tar crate the first. Inputs with either for `path`, `linkpath`, `size`, `uid` or
+//!   `gid` are skipped.
 //! - GNU long names are cut at the first NUL by Go and us; the tar crate drops one trailing
 //!   NUL only. Its names are cut at the first NUL before comparing.
+//! - numeric fields the tar crate cannot read (it reads `mode` as octal only, and ignores a
+//!   PAX `uid`/`gid` it cannot parse where we refuse the input): the entry's mode or ids are
+//!   then not compared (`None`).
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -34,6 +39,22 @@ struct Seen {
     kind: EntryKind,
     size: u64,
     link: Option<String>,
+    mode: Option<u32>,
+    ids: Option<(u64, u64)>,
+    dev: Option<(u64, u64)>,
+}
+
+impl Seen {
+    /// Equal, where a field one side could not read counts as equal.
+    fn agrees(&self, o: &Seen) -> bool {
+        fn opt<T: PartialEq>(a: &Option<T>, b: &Option<T>) -> bool {
+            a.is_none() || b.is_none() || a == b
+        }
+        (&self.path, self.kind, self.size, &self.link) == (&o.path, o.kind, o.size, &o.link)
+            && opt(&self.mode, &o.mode)
+            && opt(&self.ids, &o.ids)
+            && opt(&self.dev, &o.dev)
+    }
 }
 
 #[derive(Default)]
@@ -44,11 +65,16 @@ impl TarSink for Collect {
         Ok(())
     }
     fn entry(&mut self, e: Entry) -> Result<(), FormatError> {
+        let dev = matches!(e.kind, EntryKind::Char | EntryKind::Block)
+            .then(|| (u64::from(e.devmajor), u64::from(e.devminor)));
         self.0.push(Seen {
             path: e.path,
             kind: e.kind,
             size: e.size,
             link: e.link,
+            mode: Some(e.mode),
+            ids: Some((u64::from(e.uid), u64::from(e.gid))),
+            dev,
         });
         Ok(())
     }
@@ -89,7 +115,7 @@ fn theirs(data: &[u8]) -> Option<Vec<Seen>> {
             for r in pax {
                 let r = r.ok()?;
                 let k = r.key_bytes().to_vec();
-                if matches!(&k[..], b"path" | b"linkpath" | b"size")
+                if matches!(&k[..], b"path" | b"linkpath" | b"size" | b"uid" | b"gid")
                     && (r.value_bytes().is_empty() || !keys.insert(k))
                 {
                     return None;
@@ -115,6 +141,21 @@ fn theirs(data: &[u8]) -> Option<Vec<Seen>> {
         let path = weenv_format::paths::normalise(&raw)
             .unwrap_or_else(|err| panic!("tar crate path {raw:?} that we refuse: {err}"));
         let size = e.size();
+        let h = e.header();
+        let mode = h.mode().ok().map(|m| m & 0o7777);
+        // The tar crate applies parsable PAX uid/gid to the header it returns.
+        let ids = match (h.uid(), h.gid()) {
+            (Ok(u), Ok(g)) => Some((u, g)),
+            _ => None,
+        };
+        let dev = match kind {
+            EntryKind::Char | EntryKind::Block => match (h.device_major(), h.device_minor()) {
+                (Ok(Some(a)), Ok(Some(b))) => Some((u64::from(a), u64::from(b))),
+                (Ok(None), Ok(None)) => Some((0, 0)), // V7 header: no device fields
+                _ => None,
+            },
+            _ => None,
+        };
         // Read the payload so the archive position is the tar crate's own.
         let mut sink = Vec::new();
         e.read_to_end(&mut sink).ok()?;
@@ -123,6 +164,9 @@ fn theirs(data: &[u8]) -> Option<Vec<Seen>> {
             kind,
             size,
             link,
+            mode,
+            ids,
+            dev,
         });
     }
     Some(out)
@@ -131,5 +175,8 @@ fn theirs(data: &[u8]) -> Option<Vec<Seen>> {
 fuzz_target!(|data: &[u8]| {
     let Some(a) = ours(data) else { return };
     let Some(b) = theirs(data) else { return };
-    assert_eq!(a, b, "our parser and the tar crate disagree");
+    assert!(
+        a.len() == b.len() && a.iter().zip(&b).all(|(x, y)| x.agrees(y)),
+        "our parser and the tar crate disagree:\nours:  {a:?}\ntheirs: {b:?}"
+    );
 });
