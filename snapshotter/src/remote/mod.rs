@@ -65,8 +65,8 @@ pub enum RemoteError {
     /// it must not get this layer lazily.
     #[error("layer {digest} cannot be shared: {reason}")]
     Identity { digest: String, reason: String },
-    /// The layer is over a configured limit (`[limits]`); the message names the layer, the
-    /// limit and the config key. The Prepare fails (no silent ordinary pull).
+    /// The layer is over a configured limit (`[limits]`); the message names the limit and the
+    /// config key (the caller names the layer). The Prepare fails (no silent ordinary pull).
     #[error("{0}")]
     Limit(String),
 }

@@ -512,7 +512,16 @@ impl LayerProvider for WeenvLayers {
 /// A TOC over the configured limits is [`RemoteError::Limit`]; any other failure `Toc`.
 fn toc_put_err(d: &Digest, e: super::toc_cache::TocCacheError) -> RemoteError {
     match e {
-        super::toc_cache::TocCacheError::Limit { .. } => RemoteError::Limit(e.to_string()),
+        super::toc_cache::TocCacheError::Limit {
+            what,
+            value,
+            limit,
+            key,
+            ..
+        } => RemoteError::Limit(format!(
+            "its TOC {what} is {value}, over the limit of {limit}; the layer is refused \
+             (raise `limits.{key}` in the daemon config to accept it)"
+        )),
         e => RemoteError::Toc {
             digest: d.to_string(),
             message: e.to_string(),
