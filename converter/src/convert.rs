@@ -497,8 +497,9 @@ fn unchanged(
 ///
 /// - duplicate entries: containerd lets the later one win; a weenv TOC lists each path once
 ///   and the tar check would have to prove which copy is served;
-/// - a hardlink whose target is not an earlier file of the same layer (a file in a lower
-///   layer): the TOC can only point at bytes in its own blob;
+/// - a hardlink whose target is not an earlier regular file of the same layer (a file in a
+///   lower layer: the TOC can only point at bytes in its own blob; or another hardlink: a TOC
+///   entry must say literally what its tar header says, so chains cannot be resolved);
 /// - GNU sparse files: their payload is not the file's bytes, so chunks cannot map them.
 pub fn unrepresentable(e: &weenv_format::FormatError) -> Option<String> {
     use weenv_format::FormatError as F;
@@ -507,7 +508,7 @@ pub fn unrepresentable(e: &weenv_format::FormatError) -> Option<String> {
             "entry {path:?} appears more than once in the tar (containerd keeps the last copy)"
         )),
         F::HardlinkTarget { path, target } => Some(format!(
-            "hardlink {path:?} -> {target:?} names no earlier file of this layer (a lower layer's file?)"
+            "hardlink {path:?} -> {target:?} names no earlier regular file of this layer (a lower layer's file, or another hardlink)"
         )),
         F::GnuSparse { path } => Some(format!("entry {path:?} is a GNU sparse file")),
         _ => None,

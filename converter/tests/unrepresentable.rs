@@ -89,6 +89,16 @@ fn hardlink_to_a_lower_layer_keeps_the_layer_plain() {
 }
 
 #[test]
+fn hardlink_chain_keeps_the_layer_plain() {
+    let t = tar_of(&[
+        ("a", tar::EntryType::Regular, b"payload", None),
+        ("b", tar::EntryType::Link, b"", Some("a")),
+        ("c", tar::EntryType::Link, b"", Some("b")),
+    ]);
+    assert_kept_plain(t, "\"c\" -> \"b\"");
+}
+
+#[test]
 fn gnu_sparse_file_keeps_the_layer_plain() {
     let t = tar_of(&[("var/sparse", tar::EntryType::GNUSparse, b"", None)]);
     assert_kept_plain(t, "var/sparse");

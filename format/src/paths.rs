@@ -7,7 +7,9 @@
 //!
 //! [`Namespace`] tracks the entries seen so far and enforces the namespace rules in tar order:
 //! no duplicate paths (a directory repeated with identical metadata is tolerated and dropped),
-//! no entry below a non-directory (in either order: `a` then `a/b`, or `a/b` then file `a`), hardlinks only to an earlier regular file (chains resolved).
+//! no entry below a non-directory (in either order: `a` then `a/b`, or `a/b` then file `a`), hardlinks only to an earlier regular file (not to another hardlink: a TOC entry must say
+//! literally what its tar header says, so a chain cannot be resolved; tar writers link every
+//! name of an inode to the first one, so chains do not occur in practice).
 
 use crate::toc::{Entry, EntryKind};
 use crate::FormatError;
@@ -164,8 +166,6 @@ struct DirMeta {
 enum Slot {
     Dir(Box<DirMeta>),
     File,
-    /// A hardlink, with the regular file it resolves to.
-    Hardlink(String),
     Other,
 }
 
@@ -192,8 +192,9 @@ impl Namespace {
         self.slots.is_empty()
     }
 
-    /// Admit `entry` (path already normal). For hardlinks, returns the regular file at the end
-    /// of the hardlink chain (the value `entry.link` must hold in a TOC).
+    /// Admit `entry` (path already normal). For hardlinks, returns the regular file it names
+    /// (the value `entry.link` must hold in a TOC); a hardlink to anything but an earlier
+    /// regular file (another hardlink included) is `HardlinkTarget`.
     pub fn admit(&mut self, entry: &Entry) -> Result<(Admit, Option<String>), FormatError> {
         let path = &entry.path;
         if path.is_empty() && entry.kind != EntryKind::Dir {
@@ -240,7 +241,6 @@ impl Namespace {
                 let target = entry.link.clone().unwrap_or_default();
                 let file = match self.slots.get(target.as_str()) {
                     Some(Slot::File) => target,
-                    Some(Slot::Hardlink(file)) => file.clone(),
                     _ => {
                         return Err(FormatError::HardlinkTarget {
                             path: path.clone(),
@@ -248,8 +248,8 @@ impl Namespace {
                         })
                     }
                 };
-                resolved = Some(file.clone());
-                Slot::Hardlink(file)
+                resolved = Some(file);
+                Slot::Other
             }
             _ => Slot::Other,
         };

@@ -57,7 +57,7 @@ pub struct Header {
 pub trait TarSink {
     /// Bytes that are not file payload.
     fn meta(&mut self, bytes: &[u8]) -> Result<(), FormatError>;
-    /// A new, admitted entry (path normalised, hardlink resolved), before its payload.
+    /// A new, admitted entry (path and hardlink target normalised), before its payload.
     fn entry(&mut self, entry: Entry) -> Result<(), FormatError>;
     /// Payload bytes of the last entry (regular files only), in order.
     fn payload(&mut self, bytes: &[u8]) -> Result<(), FormatError>;

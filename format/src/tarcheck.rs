@@ -10,7 +10,7 @@
 //!   length of its header blocks (so `header + span` is where a file's payload starts; compare
 //!   it with [`Toc::data_start`], or call [`check_entry`] which does both). It cannot see what
 //!   lies between entries (an entry the TOC leaves out); that is the stream check's job.
-//!   Hardlinks: the tar's link name must be the TOC's (resolved) target literally.
+//!   Hardlinks name an earlier regular file (chains are refused), so the link compares literally.
 //! - [`StreamChecker`]: the whole stream. Proves every TOC entry equals the tar entry at its
 //!   position (all fields above, header offsets, and content mapping: every chunk names exactly
 //!   the stream bytes of the file's payload), that no tar entry is missing from the TOC and

@@ -116,7 +116,7 @@ pub struct Entry {
     #[serde(default, skip_serializing_if = "is_zero_u64")]
     pub size: u64,
     /// Symlink target (verbatim), or for hardlinks the normalised path of the earlier regular
-    /// file entry (hardlink chains resolved to the file).
+    /// file entry it names (never another hardlink).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub link: Option<String>,
     #[serde(default, skip_serializing_if = "is_zero_u32")]

@@ -443,17 +443,27 @@ fn repeated_identical_directory_is_tolerated_once_in_toc() {
 }
 
 #[test]
-fn hardlink_chain_resolves_to_file() {
+fn hardlink_to_a_hardlink_is_refused() {
+    // A TOC entry must say what its own tar header says, so a chain cannot be resolved in the
+    // TOC (the converter keeps such a layer as an ordinary layer).
     let mut t = TarBuilder::new();
     t.file("a", b"payload");
-    t.link(b'1', "b", "a");
+    t.link(b'1', "b", "./a");
+    let ok = t.out.clone();
     t.link(b'1', "c", "./b");
     let tar = t.finish();
+    let err = write_layer(&tar[..], Vec::new(), &WriterOptions::default()).unwrap_err();
+    assert!(
+        matches!(&err, weenv_format::FormatError::HardlinkTarget { path, target } if path == "c" && target == "b"),
+        "{err}"
+    );
+    let mut t = TarBuilder { out: ok };
+    t.file("z", b"");
     let mut blob = Vec::new();
-    write_layer(&tar[..], &mut blob, &WriterOptions::default()).unwrap();
+    write_layer(&t.finish()[..], &mut blob, &WriterOptions::default()).unwrap();
     let r = LayerReader::open(&blob, None).unwrap();
-    assert_eq!(r.entry("c").unwrap().link.as_deref(), Some("a"));
-    assert_eq!(r.read_file("c", 0, 100).unwrap(), b"payload");
+    assert_eq!(r.entry("b").unwrap().link.as_deref(), Some("a"));
+    assert_eq!(r.read_file("b", 0, 100).unwrap(), b"payload");
 }
 
 #[test]

@@ -504,3 +504,63 @@ fn version_1_tocs_ask_for_a_reconversion() {
     let err = LayerReader::open(&blob[..], None).err().unwrap();
     assert!(err.to_string().contains("re-convert"), "{err}");
 }
+
+#[test]
+fn data_too_far_from_its_header_is_refused() {
+    // A synthetic TOC (validation does not decompress): one 8 MiB frame, a file whose data
+    // would start 4 MiB after its header, past any header span the parser accepts.
+    let toc = Toc {
+        version: weenv_format::FORMAT_VERSION,
+        frames: vec![weenv_format::Frame {
+            offset: 0,
+            clen: 10,
+            ulen: 8 << 20,
+            digest: weenv_format::Digest::sha256(b"x"),
+        }],
+        entries: vec![Entry {
+            path: "f".into(),
+            header: 0,
+            kind: EntryKind::File,
+            mode: 0o644,
+            uid: 0,
+            gid: 0,
+            mtime: 0,
+            mtime_nsec: 0,
+            size: 1,
+            link: None,
+            devmajor: 0,
+            devminor: 0,
+            xattrs: Default::default(),
+            chunks: vec![weenv_format::ChunkRef {
+                file_offset: 0,
+                frame: weenv_format::FrameIdx(0),
+                frame_offset: 4 << 20,
+                len: 1,
+            }],
+        }],
+    };
+    let msg = toc.validate(10).unwrap_err().to_string();
+    assert!(
+        msg.contains("\"f\"") && msg.contains("after its header"),
+        "{msg}"
+    );
+    let mut near = toc.clone();
+    near.entries[0].chunks[0].frame_offset = 512;
+    near.validate(10).unwrap();
+    const { assert!(MAX_HEADER_SPAN < 4 << 20) };
+}
+
+#[test]
+fn repeated_identical_directory_passes_the_stream_check() {
+    // The writer drops the repeat from the TOC; the stream check skips it the same way.
+    let mut t = TarBuilder::new();
+    t.dir("d/");
+    t.file("d/a", b"1");
+    t.dir("d");
+    let tar = t.finish();
+    let mut blob = Vec::new();
+    let s = write_layer(&tar[..], &mut blob, &opts()).unwrap();
+    let toc = LayerReader::open(&blob[..], None).unwrap().into_toc();
+    assert_eq!(toc.entries.len(), 2);
+    assert_eq!(stream_check(&toc, &tar).unwrap().diff_id, s.diff_id);
+}
