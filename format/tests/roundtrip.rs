@@ -440,6 +440,11 @@ fn repeated_identical_directory_is_tolerated_once_in_toc() {
     let s = write_layer(&tar[..], &mut blob, &WriterOptions::default()).unwrap();
     assert_eq!(s.entry_count, 2);
     assert_eq!(zstd_decompress(&blob), tar);
+    // The stream check skips the repeat the same way.
+    let toc = LayerReader::open(&blob[..], None).unwrap().into_toc();
+    let mut c = weenv_format::StreamChecker::new(&toc);
+    c.update(&tar);
+    assert_eq!(c.finish().unwrap().diff_id, s.diff_id);
 }
 
 #[test]
