@@ -18,6 +18,8 @@
 # Needs root, containerd, ctr, runc, docker-registry, skopeo, iproute2 (ip, tc), fuse3 and the
 # workspace binaries: cargo build -p weenv-snapshotter --bins && cargo build -p weenv-converter
 # METRICS_DIR=dir keeps each run's daemon /metrics (dir/run-<kind>-<i>.prom) for profiling;
+# SNAP_FILL_EXTRA='check_headers = false' adds lines to the daemon's [fill] section (e.g. to
+# measure what the lazy header checks cost: run once with it, once without).
 # LOGS_DIR=dir keeps the daemon logs (SNAP_LOG=filter sets their level, e.g. weenv_snapshotter=debug).
 # Usage: integration/bench/snapshotter_lazy.sh [OCI_LAYOUT:TAG]   (default: the cached
 #        Debian+python3 test image from integration/src/images.rs)
@@ -109,6 +111,7 @@ hosts_dir = "$d/none"
 disk_bytes = 8589934592
 [fill]
 enabled = $2
+${SNAP_FILL_EXTRA:-}
 [observability]
 listen = "unix:$d/status.sock"
 EOF

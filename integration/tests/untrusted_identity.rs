@@ -164,6 +164,36 @@ async fn push_liar(cl: &Client, img: &OciImage, good: &str, liar: &str) -> Resul
     push_with_layer(cl, good, liar, blob, annotations).await
 }
 
+/// A registry holding the busybox test image converted to weenv as `app:good` (GOOD).
+struct Good {
+    cl: Client,
+    img: OciImage,
+    host: String,
+    good: String,
+    _reg: LocalRegistry,
+    tmp: tempfile::TempDir,
+}
+
+async fn good_image() -> Result<Good> {
+    require_root_and_bins(E2E_FUSE_BINS)?;
+    let tmp = tempfile::tempdir()?;
+    let reg = LocalRegistry::start(tmp.path())?;
+    let host = reg.host();
+    let img = images::busybox()?;
+    let gz = reg.push(&img, "app:gz")?;
+    let cl = client(std::slice::from_ref(&host))?;
+    let good = format!("{host}/app:good");
+    convert(&cl, &gz, &good).await?;
+    Ok(Good {
+        cl,
+        img,
+        host,
+        good,
+        _reg: reg,
+        tmp,
+    })
+}
+
 const CAT: &[&str] = &["/bin/cat", "/etc/weenv"];
 
 /// `ctr run` that must fail without showing EVIL's content.
@@ -188,15 +218,14 @@ fn metric(daemon: &Daemon, name: &str) -> Result<u64> {
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs root, containerd, runc, fuse, docker-registry, skopeo, umoci"]
 async fn forged_diff_ids_never_poison_another_namespace() -> Result<()> {
-    require_root_and_bins(E2E_FUSE_BINS)?;
-    let tmp = tempfile::tempdir()?;
-    let reg = LocalRegistry::start(tmp.path())?;
-    let host = reg.host();
-    let img = images::busybox()?;
-    let gz = reg.push(&img, "app:gz")?;
-    let cl = client(std::slice::from_ref(&host))?;
-    let good = format!("{host}/app:good");
-    convert(&cl, &gz, &good).await?;
+    let Good {
+        cl,
+        img,
+        host,
+        good,
+        _reg,
+        tmp,
+    } = good_image().await?;
     let evil = format!("{host}/app:evil");
     let evil_layer = push_evil(&cl, &img, &good, &evil).await?;
 
@@ -287,29 +316,17 @@ async fn forged_diff_ids_never_poison_another_namespace() -> Result<()> {
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs root, containerd, runc, fuse, docker-registry, skopeo, umoci"]
 async fn a_lying_toc_is_caught_before_the_entry_is_exposed() -> Result<()> {
-    require_root_and_bins(E2E_FUSE_BINS)?;
-    let tmp = tempfile::tempdir()?;
-    let reg = LocalRegistry::start(tmp.path())?;
-    let host = reg.host();
-    let img = images::busybox()?;
-    let gz = reg.push(&img, "app:gz")?;
-    let cl = client(std::slice::from_ref(&host))?;
-    let good = format!("{host}/app:good");
-    convert(&cl, &gz, &good).await?;
+    let Good {
+        cl,
+        img,
+        host,
+        good,
+        _reg,
+        tmp,
+    } = good_image().await?;
     let liar = format!("{host}/app:liar");
     let liar_layer = push_liar(&cl, &img, &good, &liar).await?;
-    let daemon = Daemon::start(
-        &tmp.path().join("snap"),
-        &DaemonOptions {
-            plain_http: vec![host.clone()],
-            fill: false,
-            fill_extra: String::new(),
-        },
-    )?;
-    let ctd = Containerd::start(ContainerdOptions {
-        proxy_snapshotter: Some(daemon.socket.clone()),
-        ..Default::default()
-    })?;
+    let (daemon, ctd) = lazy_stack(&tmp.path().join("snap"), &host)?;
     let out = daemon.pull(ctd.address(), "t", &liar)?;
     ensure!(out.contains("(1 lazy"), "LIAR pulled lazily: {out}");
     // Plain files are served (their headers check out)...
@@ -330,5 +347,83 @@ async fn a_lying_toc_is_caught_before_the_entry_is_exposed() -> Result<()> {
     );
     ensure!(metric(&daemon, "weenv_layer_quarantined_total")? == 1);
     ensure!(metric(&daemon, "weenv_header_checks_total")? >= 1);
+    Ok(())
+}
+
+/// What the lazy header checks cost at cold start: `python3 -c 'import json'` on the
+/// Debian+python3 image, each run on a fresh daemon and containerd (cold caches, fill off so
+/// only the workload's reads count), checks on and off alternately. Prints the registry bytes
+/// (counted at the proxy), range requests and the `ctr run` wall time; checks on must have
+/// checked headers, checks off none.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs root, containerd, runc, fuse, docker-registry, skopeo, debootstrap"]
+async fn header_checks_cost_at_cold_start() -> Result<()> {
+    let py = PythonImage::start().await?;
+    let weenv = format!("{}/python:weenv", py.proxy.host());
+    let rounds: usize = std::env::var("WEENV_CHECK_COST_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3);
+    // (checks on, bytes, requests, seconds)
+    type Sample = (bool, u64, u64, f64);
+    let mut results: Vec<Sample> = Vec::new();
+    for round in 0..rounds {
+        for checks in [true, false] {
+            let mut opts = py.daemon_options();
+            opts.fill_extra = format!("check_headers = {checks}");
+            let root = py.tmp.path().join(format!("snap-{round}-{checks}"));
+            let daemon = Daemon::start(&root, &opts)?;
+            let ctd = Containerd::start(ContainerdOptions {
+                proxy_snapshotter: Some(daemon.socket.clone()),
+                ..Default::default()
+            })?;
+            daemon.pull(ctd.address(), "m", &weenv)?;
+            py.proxy.stats().clear();
+            let t0 = Instant::now();
+            let out = ctr_run(
+                &ctd,
+                "m",
+                "weenv",
+                &weenv,
+                &format!("py-{round}-{checks}"),
+                &["python3", "-c", "import json; print('ok')"],
+            )?;
+            let secs = t0.elapsed().as_secs_f64();
+            ensure!(out.contains("ok"), "{out}");
+            let bytes = py.proxy.stats().bytes_served();
+            let requests = py.proxy.stats().requests().len() as u64;
+            let checked = metric(&daemon, "weenv_header_checks_total")?;
+            ensure!(
+                (checked > 0) == checks,
+                "checks {checks}: {checked} headers checked"
+            );
+            ensure!(metric(&daemon, "weenv_layer_quarantined_total")? == 0);
+            println!(
+                "round {round} checks={checks}: {bytes} bytes, {requests} requests, {secs:.3} s, {checked} headers checked"
+            );
+            results.push((checks, bytes, requests, secs));
+            drop(ctd);
+            drop(daemon);
+        }
+    }
+    let median = |checks: bool, f: &dyn Fn(&Sample) -> f64| {
+        let mut v: Vec<f64> = results.iter().filter(|r| r.0 == checks).map(f).collect();
+        v.sort_by(|a, b| a.total_cmp(b));
+        v[v.len() / 2]
+    };
+    let (b1, b0) = (
+        median(true, &|r| r.1 as f64),
+        median(false, &|r| r.1 as f64),
+    );
+    let (q1, q0) = (
+        median(true, &|r| r.2 as f64),
+        median(false, &|r| r.2 as f64),
+    );
+    let (t1, t0) = (median(true, &|r| r.3), median(false, &|r| r.3));
+    println!(
+        "header checks cost (median of {rounds}): bytes {b1:.0} vs {b0:.0} ({:+.1}%), requests {q1:.0} vs {q0:.0}, time {t1:.3} s vs {t0:.3} s ({:+.1}%)",
+        100.0 * (b1 - b0) / b0,
+        100.0 * (t1 - t0) / t0
+    );
     Ok(())
 }

@@ -449,6 +449,14 @@ impl LayerStore {
         }
     }
 
+    /// Re-applies a passed completion check read from the store (after a restart, the same
+    /// TOC: no per-entry header checks needed).
+    pub fn restore_verified(&self, digest: &Digest) {
+        if let Some(l) = self.layer(digest) {
+            l.trust.restore_verified();
+        }
+    }
+
     /// Why exposed layer `digest` is quarantined, if it is.
     pub fn quarantine_reason(&self, digest: &Digest) -> Option<String> {
         self.layer(digest).and_then(|l| l.trust.reason())

@@ -295,12 +295,21 @@ impl Filesystem for WeenvFs {
         if plan.layer.first_touch(plan.node) {
             self.touch_dir_of(&plan.layer, plan.node);
         }
-        let unchecked = trust::header_pending(&self.st, &plan.layer, plan.node);
+        // The file's header is checked against its TOC entry before any byte is served: here
+        // when its frames are cached, else in the async read below.
+        let unchecked = match trust::check_header_cached(&self.st, &plan.layer, plan.node) {
+            Some(Ok(())) => false,
+            Some(Err(e)) => {
+                op.fail();
+                return reply.error(e);
+            }
+            None => true,
+        };
         if unchecked {
-            // The file's header is checked against its TOC entry before any byte is served.
             let st = self.st.clone();
             self.st.rt.spawn(async move {
-                let res = match trust::check_header(&st, &plan.layer, plan.node).await {
+                let res = match trust::check_header(&st, &plan.layer, plan.node, &plan.frames).await
+                {
                     Ok(()) => st.read(&plan).await.map_err(|e| e.errno()),
                     Err(e) => Err(e),
                 };

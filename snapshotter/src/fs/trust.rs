@@ -166,6 +166,12 @@ impl LayerTrust {
         }
     }
 
+    /// Restores a passed completion check read back from the store.
+    pub fn restore_verified(&self) {
+        self.walked.store(true, Ordering::Release);
+        self.verified.store(true, Ordering::Release);
+    }
+
     /// Restores a quarantine read back from the store (not logged or counted again).
     pub fn restore(&self, reason: String) {
         self.set(reason);
@@ -303,25 +309,59 @@ pub fn header_pending(st: &FsState, layer: &Layer, node: u32) -> bool {
 }
 
 /// Checks `node`'s tar header against its TOC entry (once per entry). A mismatch quarantines
-/// the layer; it and a fetch failure are EIO.
-pub async fn check_header(st: &FsState, layer: &Layer, node: u32) -> Result<(), Errno> {
+/// the layer; it and a fetch failure are EIO. `along`: frames the caller is about to read,
+/// fetched in the same request as the header's (one round trip, not two: a large file's
+/// header sits in the frame before its first chunk).
+pub async fn check_header(
+    st: &FsState,
+    layer: &Layer,
+    node: u32,
+    along: &[FrameIdx],
+) -> Result<(), Errno> {
     if !header_pending(st, layer, node) {
         return Ok(());
     }
     let Some(entry) = layer.toc_entry(node) else {
         return Ok(());
     };
-    match header_check(st, layer, &entry).await {
+    match header_check(st, layer, &entry, along).await {
+        Ok(()) => conclude(st, layer, node, &entry, Ok(())),
+        Err(HeaderFail::Fetch(e)) => {
+            tracing::debug!(layer = %layer.digest, path = %entry.path, error = %e, "header check could not fetch its frames: EIO");
+            Err(e.errno())
+        }
+        Err(HeaderFail::Mismatch(e)) => conclude(st, layer, node, &entry, Err(e)),
+    }
+}
+
+/// [`check_header`] when every frame it needs is cached (no network, no await: fine on a FUSE
+/// thread); `None` when one is not.
+pub fn check_header_cached(st: &FsState, layer: &Layer, node: u32) -> Option<Result<(), Errno>> {
+    if !header_pending(st, layer, node) {
+        return Some(Ok(()));
+    }
+    let Some(entry) = layer.toc_entry(node) else {
+        return Some(Ok(()));
+    };
+    let res = header_check_cached(st, layer, &entry)?;
+    Some(conclude(st, layer, node, &entry, res))
+}
+
+fn conclude(
+    st: &FsState,
+    layer: &Layer,
+    node: u32,
+    entry: &Entry,
+    res: Result<(), FormatError>,
+) -> Result<(), Errno> {
+    match res {
         Ok(()) => {
             layer.trust.mark_header_checked(node as usize);
             st.metrics.header_checks.fetch_add(1, Ordering::Relaxed);
             Ok(())
         }
-        Err(HeaderFail::Fetch(e)) => {
-            tracing::debug!(layer = %layer.digest, path = %entry.path, error = %e, "header check could not fetch its frames: EIO");
-            Err(e.errno())
-        }
-        Err(HeaderFail::Mismatch(e)) => {
+        Err(e) => {
+            tracing::debug!(layer = %layer.digest, path = %entry.path, "header check failed");
             layer.quarantine(format!("the TOC does not match the tar stream: {e}"));
             Err(Errno::EIO)
         }
@@ -338,7 +378,10 @@ pub fn check_exposure(st: &FsState, layer: &Layer, node: u32) -> Result<(), Errn
     if !privileged(&n) || !header_pending(st, layer, node) {
         return Ok(());
     }
-    let fut = check_header(st, layer, node);
+    if let Some(done) = check_header_cached(st, layer, node) {
+        return done;
+    }
+    let fut = check_header(st, layer, node, &[]);
     match tokio::runtime::Handle::try_current() {
         // A FUSE worker thread: no runtime of its own.
         Err(_) => st.rt.block_on(fut),
@@ -357,11 +400,13 @@ enum HeaderFail {
     Mismatch(FormatError),
 }
 
-/// Fetches the frames from `entry.header` to its data start (files) or one header block, more
-/// while the tar says the header blocks go on (up to `MAX_HEADER_SPAN`), and checks.
-async fn header_check(st: &FsState, layer: &Layer, entry: &Entry) -> Result<(), HeaderFail> {
-    let toc = &layer.frames;
-    let starts = layer.trust.stream_starts(toc);
+/// Where a header check starts: the frames from `entry.header` to its data start (files) or
+/// one header block, and how far the header blocks may go (`MAX_HEADER_SPAN`).
+fn header_start(
+    toc: &Toc,
+    starts: &[u64],
+    entry: &Entry,
+) -> Result<(std::ops::Range<usize>, u64), FormatError> {
     let len = starts.last().copied().unwrap_or(0);
     let span_end = entry.header.saturating_add(MAX_HEADER_SPAN).min(len);
     let need_end = match toc.data_start(entry) {
@@ -369,37 +414,103 @@ async fn header_check(st: &FsState, layer: &Layer, entry: &Entry) -> Result<(), 
         _ => entry.header.saturating_add(512),
     }
     .min(len);
-    let mut range = frames_covering(starts, entry.header, need_end);
+    let range = frames_covering(starts, entry.header, need_end);
     if range.is_empty() {
-        return Err(HeaderFail::Mismatch(FormatError::TocMismatch {
+        return Err(FormatError::TocMismatch {
             path: entry.path.clone(),
             field: "header offset",
             toc: entry.header.to_string(),
             tar: format!("past the stream end ({len})"),
-        }));
+        });
     }
+    Ok((range, span_end))
+}
+
+/// One step of a header check.
+enum Step {
+    Pass,
+    /// The header blocks go on: check again over these frames.
+    More(std::ops::Range<usize>),
+    Fail(FormatError),
+}
+
+/// Checks `entry` against the frames of `range` (`frames`, in order).
+fn header_step(
+    toc: &Toc,
+    starts: &[u64],
+    entry: &Entry,
+    range: &std::ops::Range<usize>,
+    frames: &[bytes::Bytes],
+    span_end: u64,
+) -> Step {
+    let base = starts.get(range.start).copied().unwrap_or(0);
+    let mut buf = Vec::new();
+    for f in frames {
+        buf.extend_from_slice(f);
+    }
+    let skip = usize::try_from(entry.header.saturating_sub(base)).unwrap_or(usize::MAX);
+    match check_entry(toc, entry, buf.get(skip..).unwrap_or(&[])) {
+        Ok(_) => Step::Pass,
+        Err(FormatError::TruncatedTar { .. })
+            if starts.get(range.end).is_some_and(|&e| e < span_end) =>
+        {
+            Step::More(range.start..range.end + 1)
+        }
+        Err(e) => Step::Fail(e),
+    }
+}
+
+/// The header check, fetching what is not cached (`along`: frames fetched in the same request).
+async fn header_check(
+    st: &FsState,
+    layer: &Layer,
+    entry: &Entry,
+    along: &[FrameIdx],
+) -> Result<(), HeaderFail> {
+    let toc = &layer.frames;
+    let starts = layer.trust.stream_starts(toc);
+    let (mut range, span_end) = header_start(toc, starts, entry).map_err(HeaderFail::Mismatch)?;
+    let mut extra: &[FrameIdx] = along;
     loop {
-        let idxs: Vec<FrameIdx> = range.clone().map(|i| FrameIdx(i as u32)).collect();
+        let header: Vec<FrameIdx> = range.clone().map(|i| FrameIdx(i as u32)).collect();
+        let mut idxs = header.clone();
+        idxs.extend(extra.iter().filter(|f| !header.contains(f)));
+        extra = &[];
         let frames = st
             .store
             .get_frames(&toc.frames, &layer.source, &idxs, Priority::OnDemand)
             .await
             .map_err(HeaderFail::Fetch)?;
-        let base = starts.get(range.start).copied().unwrap_or(0);
-        let mut buf = Vec::with_capacity(frames.iter().map(|f| f.len()).sum());
-        for f in &frames {
-            buf.extend_from_slice(f);
+        let got = frames.get(..header.len()).unwrap_or(&[]);
+        match header_step(toc, starts, entry, &range, got, span_end) {
+            Step::Pass => return Ok(()),
+            Step::More(r) => range = r,
+            Step::Fail(e) => return Err(HeaderFail::Mismatch(e)),
         }
-        let skip = usize::try_from(entry.header - base).unwrap_or(usize::MAX);
-        let bytes = buf.get(skip..).unwrap_or(&[]);
-        match check_entry(toc, entry, bytes) {
-            Ok(_) => return Ok(()),
-            Err(FormatError::TruncatedTar { .. })
-                if starts.get(range.end).is_some_and(|&e| e < span_end) =>
-            {
-                range = range.start..range.end + 1;
-            }
-            Err(e) => return Err(HeaderFail::Mismatch(e)),
+    }
+}
+
+/// The header check from cached frames only; `None` when a frame it needs is not cached.
+fn header_check_cached(
+    st: &FsState,
+    layer: &Layer,
+    entry: &Entry,
+) -> Option<Result<(), FormatError>> {
+    let toc = &layer.frames;
+    let starts = layer.trust.stream_starts(toc);
+    let (mut range, span_end) = match header_start(toc, starts, entry) {
+        Ok(x) => x,
+        Err(e) => return Some(Err(e)),
+    };
+    loop {
+        let frames: Option<Vec<bytes::Bytes>> = range
+            .clone()
+            .map(|i| toc.frames.get(i).and_then(|f| st.store.cached(f)))
+            .collect();
+        match header_step(toc, starts, entry, &range, &frames?, span_end) {
+            Step::Pass => return Some(Ok(())),
+            Step::More(r) => range = r,
+            Step::Fail(e) => return Some(Err(e)),
         }
     }
 }

@@ -460,6 +460,8 @@ impl LayerProvider for WeenvLayers {
         };
         if let Some(reason) = &rec.quarantined {
             me.layers.restore_quarantine(d, reason.clone());
+        } else if rec.verified && bound_toc.is_some() {
+            me.layers.restore_verified(d);
         }
         m.toc_digest = bound_toc;
         m.diff_id = claim;
