@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use nix::fcntl::{fcntl, FcntlArg, OFlag};
 use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
 use tracing::warn;
 
@@ -94,13 +95,8 @@ pub fn open_fifo_read(path: &Path) -> std::io::Result<File> {
         .read(true)
         .custom_flags(libc::O_NONBLOCK)
         .open(path)?;
-    // SAFETY: fcntl(2) on a descriptor owned by `f`; no memory is passed.
-    unsafe {
-        let fl = libc::fcntl(f.as_raw_fd(), libc::F_GETFL);
-        if fl < 0 || libc::fcntl(f.as_raw_fd(), libc::F_SETFL, fl & !libc::O_NONBLOCK) < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-    }
+    let fl = OFlag::from_bits_retain(fcntl(&f, FcntlArg::F_GETFL)?);
+    fcntl(&f, FcntlArg::F_SETFL(fl.difference(OFlag::O_NONBLOCK)))?;
     Ok(f)
 }
 

@@ -17,10 +17,10 @@
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
 use std::io::Write;
-use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
+use nix::fcntl::{Flock, FlockArg};
 use serde::{Deserialize, Serialize};
 
 /// Errors of the node ledger.
@@ -255,7 +255,7 @@ impl Ledger {
         }
     }
 
-    fn lock(&self, exclusive: bool) -> Result<File, LedgerError> {
+    fn lock(&self, exclusive: bool) -> Result<Flock<File>, LedgerError> {
         std::fs::create_dir_all(&self.dir).map_err(self.io(&self.dir))?;
         let lp = self.dir.join("ledger.lock");
         let f = OpenOptions::new()
@@ -265,17 +265,12 @@ impl Ledger {
             .open(&lp)
             .map_err(self.io(&lp))?;
         let op = if exclusive {
-            libc::LOCK_EX
+            FlockArg::LockExclusive
         } else {
-            libc::LOCK_SH
+            FlockArg::LockShared
         };
-        // SAFETY: flock(2) on a descriptor we own for the lifetime of `f`; the lock is
-        // released when `f` is closed.
-        let rc = unsafe { libc::flock(f.as_raw_fd(), op) };
-        if rc != 0 {
-            return Err(self.io(&lp)(std::io::Error::last_os_error()));
-        }
-        Ok(f)
+        // Released when the returned guard is dropped (and the file closed).
+        Flock::lock(f, op).map_err(|(_, errno)| self.io(&lp)(std::io::Error::from(errno)))
     }
 
     fn load(&self) -> Result<LedgerFile, LedgerError> {

@@ -1,7 +1,8 @@
 //! `containerd-shim-weenv-v1`: a containerd shim v2 for runc containers that scales each
 //! container's CPU and memory quota elastically.
 //!
-//! - [`service`]: the task API (ttrpc) over runc ([`runc`], [`process`], [`stats`]).
+//! - [`service`]: the task API (ttrpc) over runc ([`runc`], [`process`], [`stats`]);
+//!   its failures are [`error::ShimError`], mapped to ttrpc codes in one table.
 //! - [`monitor`]: the per-container loop: sample → [`policy::decide`] → [`ledger`] →
 //!   [`apply::plan`] → write, recording every change ([`status`]).
 //! - [`cgroup`]: cgroup v1/v2 I/O behind [`cgroup::CgroupIo`], roots injected.
@@ -10,6 +11,7 @@
 pub mod apply;
 pub mod cgroup;
 pub mod config;
+pub mod error;
 pub mod io;
 pub mod ledger;
 pub mod logging;

@@ -7,8 +7,6 @@
 //! the race. [`ReaperSpawner`] subscribes to the monitor *before* spawning and waits for
 //! its child's pid there. The monitor reports an exit code (128+signal for signals).
 
-use std::os::fd::AsRawFd;
-use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
@@ -104,20 +102,7 @@ impl runc::io::Io for FifoIo {
             // Open non-blocking (no writer needed yet), then make reads blocking; the
             // container sees EOF when containerd's writer closes.
             Some(p) => {
-                let f = std::fs::OpenOptions::new()
-                    .read(true)
-                    .custom_flags(libc::O_NONBLOCK)
-                    .open(p)?;
-                // SAFETY: fcntl(2) on a descriptor owned by `f`; no memory is passed.
-                unsafe {
-                    let fl = libc::fcntl(f.as_raw_fd(), libc::F_GETFL);
-                    if fl < 0
-                        || libc::fcntl(f.as_raw_fd(), libc::F_SETFL, fl & !libc::O_NONBLOCK) < 0
-                    {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                }
-                cmd.stdin(f);
+                cmd.stdin(crate::io::open_fifo_read(p)?);
             }
             None => {
                 cmd.stdin(Stdio::null());
@@ -160,10 +145,15 @@ pub fn last_log_error(bundle: &Path) -> Option<String> {
     })
 }
 
-/// Formats a runc failure with the error from log.json.
-pub fn describe(op: &str, bundle: &Path, e: &runc::error::Error) -> String {
+/// The reason of a runc failure: the error from log.json, then runc's own error.
+pub fn detail(bundle: &Path, e: &runc::error::Error) -> String {
     match last_log_error(bundle) {
-        Some(m) => format!("runc {op}: {m} ({e})"),
-        None => format!("runc {op}: {e}"),
+        Some(m) => format!("{m} ({e})"),
+        None => e.to_string(),
     }
+}
+
+/// Formats a runc failure `op` with the error from log.json.
+pub fn describe(op: &str, bundle: &Path, e: &runc::error::Error) -> String {
+    format!("runc {op}: {}", detail(bundle, e))
 }

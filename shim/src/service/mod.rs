@@ -42,6 +42,7 @@ use tracing::{error, info, warn};
 
 use crate::cgroup;
 use crate::config::ShimConfig;
+use crate::error::ShimError;
 use crate::io::{resize, start_copy, ConsoleSocket};
 use crate::monitor::{Monitor, Outcome};
 use crate::process::{wait_exit, EarlyExits, Process};
@@ -55,15 +56,15 @@ const CONSOLE_TIMEOUT: Duration = Duration::from_secs(10);
 async fn attach_console(
     p: &mut Process,
     pending: tokio::task::JoinHandle<std::io::Result<std::fs::File>>,
-) -> Result<(), String> {
+) -> Result<(), ShimError> {
     let master = pending
         .await
-        .map_err(|e| format!("console socket task: {e}"))?
-        .map_err(|e| format!("receive pty master: {e}"))?;
+        .map_err(|e| ShimError::io("console socket task")(std::io::Error::other(e)))?
+        .map_err(ShimError::io("receive pty master"))?;
     let path = |s: &str| (!s.is_empty()).then(|| PathBuf::from(s));
     let (stdin, stdout) = (path(&p.stdin), path(&p.stdout));
     p.stdin_closer = start_copy(&master, stdin.as_deref(), stdout.as_deref())
-        .map_err(|e| format!("pty copy: {e}"))?;
+        .map_err(ShimError::io("pty copy"))?;
     p.console = Some(master);
     Ok(())
 }
@@ -72,14 +73,6 @@ mod task;
 
 /// Runtime name containerd uses for this shim.
 pub const RUNTIME_ID: &str = "io.containerd.weenv.v1";
-
-fn rpc_err(code: ttrpc::Code, msg: impl Into<String>) -> ttrpc::Error {
-    ttrpc::Error::RpcStatus(ttrpc::get_status(code, msg.into()))
-}
-
-fn not_found(what: &str) -> ttrpc::Error {
-    rpc_err(ttrpc::Code::NOT_FOUND, format!("{what} not found"))
-}
 
 type Event = (&'static str, Box<dyn MessageDyn>);
 
@@ -377,33 +370,41 @@ impl TaskService {
         p.status
     }
 
-    async fn create_inner(&self, req: &CreateTaskRequest) -> Result<CreateTaskResponse, String> {
+    async fn create_inner(&self, req: &CreateTaskRequest) -> Result<CreateTaskResponse, ShimError> {
         if !req.checkpoint.is_empty() {
-            return Err("weenv shim: restore from a checkpoint is not supported".into());
+            return Err(ShimError::Unsupported("restore from a checkpoint"));
         }
         let bundle = PathBuf::from(&req.bundle);
-        let spec = oci_spec::runtime::Spec::load(bundle.join("config.json"))
-            .map_err(|e| format!("read OCI spec in {}: {e}", bundle.display()))?;
+        let spec = oci_spec::runtime::Spec::load(bundle.join("config.json")).map_err(|source| {
+            ShimError::Spec {
+                path: bundle.clone(),
+                source,
+            }
+        })?;
         let annotations = spec.annotations().clone().unwrap_or_default();
-        let mut cfg = ShimConfig::load_default().map_err(|e| e.to_string())?;
-        cfg.apply_annotations(&annotations)
-            .map_err(|e| e.to_string())?;
+        let mut cfg = ShimConfig::load_default()?;
+        cfg.apply_annotations(&annotations)?;
         let rootfs = bundle.join("rootfs");
-        std::fs::create_dir_all(&rootfs).map_err(|e| format!("mkdir {}: {e}", rootfs.display()))?;
+        std::fs::create_dir_all(&rootfs)
+            .map_err(ShimError::io(format!("mkdir {}", rootfs.display())))?;
         for m in &req.rootfs {
             mount_rootfs(m, &rootfs)
                 .await
-                .map_err(|e| format!("mount rootfs: {e}"))?;
+                .map_err(ShimError::shim("mount rootfs"))?;
         }
         let runc = Arc::new(
-            client("runc", &runc_root(&self.inner.namespace), &bundle)
-                .map_err(|e| format!("runc client: {e}"))?,
+            client("runc", &runc_root(&self.inner.namespace), &bundle).map_err(|e| {
+                ShimError::Runc {
+                    op: "client",
+                    detail: e.to_string(),
+                }
+            })?,
         );
         let mut init = Process::new("", &req.stdin, &req.stdout, &req.stderr, req.terminal);
         let pid_file = bundle.join("init.pid");
         let mut opts = CreateOpts::new().pid_file(&pid_file);
         let console = if req.terminal {
-            let sock = ConsoleSocket::new().map_err(|e| format!("console socket: {e}"))?;
+            let sock = ConsoleSocket::new().map_err(ShimError::io("console socket"))?;
             opts = opts
                 .console_socket(sock.path())
                 .io(Arc::new(FifoIo::default()));
@@ -417,14 +418,14 @@ impl TaskService {
                 c.abort();
             }
             let _ = containerd_shim::mount::umount_recursive(rootfs.to_str(), 0);
-            return Err(describe("create", &bundle, &e));
+            return Err(ShimError::runc("create", &bundle, &e));
         }
         if let Some(c) = console {
             attach_console(&mut init, c).await?;
         }
         let pid = read_pid_from_file(&pid_file)
             .await
-            .map_err(|e| format!("read {}: {e}", pid_file.display()))?;
+            .map_err(ShimError::shim(format!("read {}", pid_file.display())))?;
         init.pid = pid;
         let status_dir = StatusDir::new(&cfg.monitor.status_dir, &self.inner.namespace, &req.id);
         if let Err(e) = status_dir.reset() {

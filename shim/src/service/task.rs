@@ -1,50 +1,61 @@
 //! `impl Task for TaskService`: the ttrpc task API methods. Each decodes the request,
-//! works on the shared state in `super`, and maps failures to ttrpc codes.
+//! works on the shared state in `super`; failures are [`ShimError`]s, turned into ttrpc
+//! statuses by `?` through the one mapping in `crate::error`.
 
 use super::*;
 use crate::stats::metrics_any;
 use containerd_shim::protos::shim::shim::CheckpointTaskRequest;
 
 impl State {
-    /// The container `id`, or NOT_FOUND.
-    fn container(&self, id: &str) -> TtrpcResult<&Container> {
+    /// The container `id`, or [`ShimError::ContainerNotFound`].
+    fn container(&self, id: &str) -> Result<&Container, ShimError> {
         self.containers
             .get(id)
-            .ok_or_else(|| not_found("container"))
+            .ok_or_else(|| ShimError::ContainerNotFound(id.to_string()))
     }
 
-    /// The container `id` for changing, or NOT_FOUND.
-    fn container_mut(&mut self, id: &str) -> TtrpcResult<&mut Container> {
+    /// The container `id` for changing, or [`ShimError::ContainerNotFound`].
+    fn container_mut(&mut self, id: &str) -> Result<&mut Container, ShimError> {
         self.containers
             .get_mut(id)
-            .ok_or_else(|| not_found("container"))
+            .ok_or_else(|| ShimError::ContainerNotFound(id.to_string()))
     }
 }
 
 impl Container {
-    /// The init process for an empty `exec_id`, else that exec, or NOT_FOUND.
-    fn process(&self, exec_id: &str) -> TtrpcResult<&Process> {
+    /// The init process for an empty `exec_id`, else that exec, or
+    /// [`ShimError::ExecNotFound`].
+    fn process(&self, exec_id: &str) -> Result<&Process, ShimError> {
         if exec_id.is_empty() {
             return Ok(&self.init);
         }
-        self.execs.get(exec_id).ok_or_else(|| not_found("exec"))
+        self.exec(exec_id)
     }
 
     /// [`Container::process`] for changing.
-    fn process_mut(&mut self, exec_id: &str) -> TtrpcResult<&mut Process> {
+    fn process_mut(&mut self, exec_id: &str) -> Result<&mut Process, ShimError> {
         if exec_id.is_empty() {
             return Ok(&mut self.init);
         }
-        self.execs.get_mut(exec_id).ok_or_else(|| not_found("exec"))
+        self.execs
+            .get_mut(exec_id)
+            .ok_or_else(|| ShimError::ExecNotFound(exec_id.to_string()))
+    }
+
+    /// The exec `exec_id` (never the init process), or [`ShimError::ExecNotFound`].
+    fn exec(&self, exec_id: &str) -> Result<&Process, ShimError> {
+        self.execs
+            .get(exec_id)
+            .ok_or_else(|| ShimError::ExecNotFound(exec_id.to_string()))
     }
 }
 
-/// Maps a failed runc `op` to UNKNOWN, with the reason from the bundle's runc log.
+/// Maps a failed runc `op` to [`ShimError::Runc`], with the reason from the bundle's runc log.
 fn runc_err<'a>(
-    op: &'a str,
+    op: &'static str,
     bundle: &'a Path,
-) -> impl FnOnce(runc::error::Error) -> ttrpc::Error + 'a {
-    move |e| rpc_err(ttrpc::Code::UNKNOWN, describe(op, bundle, &e))
+) -> impl FnOnce(runc::error::Error) -> ShimError + 'a {
+    move |e| ShimError::runc(op, bundle, &e)
 }
 
 #[async_trait]
@@ -55,9 +66,9 @@ impl Task for TaskService {
         req: CreateTaskRequest,
     ) -> TtrpcResult<CreateTaskResponse> {
         info!(id = %req.id, bundle = %req.bundle, "create");
-        self.create_inner(&req).await.map_err(|m| {
-            error!(id = %req.id, error = %m, "create failed");
-            rpc_err(ttrpc::Code::UNKNOWN, m)
+        self.create_inner(&req).await.map_err(|e| {
+            error!(id = %req.id, error = %e, "create failed");
+            e.into()
         })
     }
 
@@ -95,20 +106,19 @@ impl Task for TaskService {
             });
         }
         let bundle = c.bundle.clone();
-        let p = c.execs.get(&req.exec_id).ok_or_else(|| not_found("exec"))?;
+        let p = c.exec(&req.exec_id)?;
         let spec: oci_spec::runtime::Process =
-            serde_json::from_slice(p.spec.as_deref().unwrap_or_default()).map_err(|e| {
-                rpc_err(
-                    ttrpc::Code::INVALID_ARGUMENT,
-                    format!("exec process spec: {e}"),
-                )
+            serde_json::from_slice(p.spec.as_deref().unwrap_or_default()).map_err(|source| {
+                ShimError::BadRequest {
+                    what: "exec process spec",
+                    source,
+                }
             })?;
         let pid_file = bundle.join(format!("{}.pid", req.exec_id));
         let mut opts = ExecOpts::new().pid_file(&pid_file).detach(true);
         let mut tty = Process::new("", &p.stdin, &p.stdout, &p.stderr, p.terminal);
         let console = if p.terminal {
-            let sock = ConsoleSocket::new()
-                .map_err(|e| rpc_err(ttrpc::Code::UNKNOWN, format!("console socket: {e}")))?;
+            let sock = ConsoleSocket::new().map_err(ShimError::io("console socket"))?;
             opts = opts
                 .console_socket(sock.path())
                 .io(Arc::new(FifoIo::default()));
@@ -122,23 +132,18 @@ impl Task for TaskService {
             if let Some(c) = console {
                 c.abort();
             }
-            return Err(rpc_err(ttrpc::Code::UNKNOWN, describe("exec", &bundle, &e)));
+            return Err(ShimError::runc("exec", &bundle, &e).into());
         }
         if let Some(c) = console {
-            attach_console(&mut tty, c)
-                .await
-                .map_err(|m| rpc_err(ttrpc::Code::UNKNOWN, m))?;
+            attach_console(&mut tty, c).await?;
         }
         let pid = read_pid_from_file(&pid_file)
             .await
-            .map_err(|e| rpc_err(ttrpc::Code::UNKNOWN, e.to_string()))?;
+            .map_err(ShimError::shim(format!("read {}", pid_file.display())))?;
         let mut st = self.inner.state.lock().await;
         let early = st.early.take(pid);
         let c = st.container_mut(&req.id)?;
-        let p = c
-            .execs
-            .get_mut(&req.exec_id)
-            .ok_or_else(|| not_found("exec"))?;
+        let p = c.process_mut(&req.exec_id)?;
         p.pid = pid;
         p.status = TaskStatus::RUNNING;
         p.console = tty.console.take();
@@ -195,12 +200,7 @@ impl Task for TaskService {
             let p = c.process(&req.exec_id)?;
             p.subscribe()
         };
-        let e = wait_exit(rx).await.ok_or_else(|| {
-            rpc_err(
-                ttrpc::Code::UNKNOWN,
-                "process went away before its exit was seen",
-            )
-        })?;
+        let e = wait_exit(rx).await.ok_or(ShimError::ExitLost)?;
         Ok(WaitResponse {
             exit_status: e.status,
             exited_at: Some(e.at).into(),
@@ -213,7 +213,7 @@ impl Task for TaskService {
         let c = st.container(&req.id)?;
         if req.exec_id.is_empty() {
             if c.init.exit.is_some() {
-                return Err(rpc_err(ttrpc::Code::NOT_FOUND, "process already finished"));
+                return Err(ShimError::ProcessFinished.into());
             }
             let runc = c.runc.clone();
             let bundle = c.bundle.clone();
@@ -223,21 +223,17 @@ impl Task for TaskService {
                 .map_err(runc_err("kill", &bundle))?;
             return Ok(Empty::new());
         }
-        let p = c.execs.get(&req.exec_id).ok_or_else(|| not_found("exec"))?;
+        let p = c.exec(&req.exec_id)?;
         if p.exit.is_some() || p.pid <= 0 {
-            return Err(rpc_err(ttrpc::Code::NOT_FOUND, "process already finished"));
+            return Err(ShimError::ProcessFinished.into());
         }
+        // Raw kill(2): nix's `kill` takes its `Signal` enum, which has no real-time signals
+        // (SIGRTMIN+n), and containerd forwards any signal number.
         // SAFETY: kill(2) on a pid of a live exec process we started; no memory passed.
         let rc = unsafe { libc::kill(p.pid, req.signal as i32) };
         if rc != 0 {
-            return Err(rpc_err(
-                ttrpc::Code::UNKNOWN,
-                format!(
-                    "kill exec {}: {}",
-                    req.exec_id,
-                    std::io::Error::last_os_error()
-                ),
-            ));
+            let e = std::io::Error::last_os_error();
+            return Err(ShimError::io(format!("kill exec {}", req.exec_id))(e).into());
         }
         Ok(Empty::new())
     }
@@ -249,7 +245,7 @@ impl Task for TaskService {
             let p = c
                 .execs
                 .remove(&req.exec_id)
-                .ok_or_else(|| not_found("exec"))?;
+                .ok_or_else(|| ShimError::ExecNotFound(req.exec_id.clone()))?;
             let e = p.exit.clone().unwrap_or(crate::process::Exit {
                 status: 0,
                 at: timestamp().unwrap_or_default(),
@@ -264,7 +260,7 @@ impl Task for TaskService {
         let c = st
             .containers
             .remove(&req.id)
-            .ok_or_else(|| not_found("container"))?;
+            .ok_or_else(|| ShimError::ContainerNotFound(req.id.clone()))?;
         drop(st);
         if let Err(e) = c
             .runc
@@ -368,10 +364,7 @@ impl Task for TaskService {
         let mut st = self.inner.state.lock().await;
         let c = st.container_mut(&req.id)?;
         if c.execs.contains_key(&req.exec_id) {
-            return Err(rpc_err(
-                ttrpc::Code::ALREADY_EXISTS,
-                format!("exec {} already exists", req.exec_id),
-            ));
+            return Err(ShimError::ExecExists(req.exec_id.clone()).into());
         }
         let mut p = Process::new(
             &req.exec_id,
@@ -403,24 +396,15 @@ impl Task for TaskService {
         _ctx: &TtrpcContext,
         _req: CheckpointTaskRequest,
     ) -> TtrpcResult<Empty> {
-        Err(rpc_err(
-            ttrpc::Code::UNIMPLEMENTED,
-            "weenv shim: checkpoint/restore is not supported",
-        ))
+        Err(ShimError::Unsupported("checkpoint/restore").into())
     }
 
     async fn resize_pty(&self, _ctx: &TtrpcContext, req: ResizePtyRequest) -> TtrpcResult<Empty> {
         let st = self.inner.state.lock().await;
         let c = st.container(&req.id)?;
         let p = c.process(&req.exec_id)?;
-        let master = p.console.as_ref().ok_or_else(|| {
-            rpc_err(
-                ttrpc::Code::FAILED_PRECONDITION,
-                "process has no TTY (created without terminal=true)",
-            )
-        })?;
-        resize(master, req.width, req.height)
-            .map_err(|e| rpc_err(ttrpc::Code::UNKNOWN, format!("resize pty: {e}")))?;
+        let master = p.console.as_ref().ok_or(ShimError::NoTty)?;
+        resize(master, req.width, req.height).map_err(ShimError::io("resize pty"))?;
         Ok(Empty::new())
     }
 
@@ -443,12 +427,11 @@ impl Task for TaskService {
             .as_ref()
             .map(|a| a.value.clone())
             .unwrap_or_default();
-        let res: oci_spec::runtime::LinuxResources = serde_json::from_slice(&raw).map_err(|e| {
-            rpc_err(
-                ttrpc::Code::INVALID_ARGUMENT,
-                format!("update resources: {e}"),
-            )
-        })?;
+        let res: oci_spec::runtime::LinuxResources =
+            serde_json::from_slice(&raw).map_err(|source| ShimError::BadRequest {
+                what: "update resources",
+                source,
+            })?;
         let st = self.inner.state.lock().await;
         let c = st.container(&req.id)?;
         c.runc
@@ -468,16 +451,9 @@ impl Task for TaskService {
     async fn stats(&self, _ctx: &TtrpcContext, req: StatsRequest) -> TtrpcResult<StatsResponse> {
         let st = self.inner.state.lock().await;
         let c = st.container(&req.id)?;
-        let m = c.monitor.as_ref().ok_or_else(|| {
-            rpc_err(
-                ttrpc::Code::UNAVAILABLE,
-                "no cgroup found for this container",
-            )
-        })?;
-        let m = m
-            .lock()
-            .map_err(|_| rpc_err(ttrpc::Code::INTERNAL, "monitor lock poisoned"))?;
-        let any = metrics_any(m.io()).map_err(|e| rpc_err(ttrpc::Code::UNKNOWN, e.to_string()))?;
+        let m = c.monitor.as_ref().ok_or(ShimError::NoCgroup)?;
+        let m = m.lock().map_err(|_| ShimError::Poisoned)?;
+        let any = metrics_any(m.io()).map_err(ShimError::Stats)?;
         Ok(StatsResponse {
             stats: Some(any).into(),
             ..Default::default()
