@@ -44,7 +44,7 @@ weenv_install_deps() {
     export PATH="${CARGO_HOME:-$HOME/.cargo}/bin:$PATH"
   fi
   if ! command -v cargo >/dev/null; then
-    echo "deps.sh: cargo not found on PATH; install a Rust toolchain (rustup, >= 1.80) with rustfmt and clippy" >&2
+    echo "deps.sh: cargo not found on PATH; install a Rust toolchain (rustup, >= 1.89) with rustfmt and clippy" >&2
     return 1
   fi
 }
