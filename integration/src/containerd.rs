@@ -24,6 +24,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+use nix::sys::signal::Signal;
 
 /// Name under which [`Containerd::import_busybox`] imports the busybox test image.
 pub const BUSYBOX_REF: &str = "localhost/busybox:busybox";
@@ -313,11 +314,8 @@ fn pids_with_arg(needle: &str) -> Vec<i32> {
     out
 }
 
-fn kill(pid: i32, sig: i32) {
-    // SAFETY: kill(2) with a pid we found under /proc; no memory is passed.
-    unsafe {
-        libc::kill(pid, sig);
-    }
+fn kill(pid: i32, sig: Signal) {
+    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig);
 }
 
 /// Lazily unmounts every mount at or below `dir`, deepest first.
@@ -361,7 +359,7 @@ impl Drop for Containerd {
         let sock = self.socket.display().to_string();
         for pid in pids_with_arg(&sock) {
             if Some(pid as u32) != self.child.as_ref().map(|c| c.id()) {
-                kill(pid, libc::SIGKILL);
+                kill(pid, Signal::SIGKILL);
             }
         }
         for (ns, id) in leftovers {
@@ -373,7 +371,7 @@ impl Drop for Containerd {
                 .status();
         }
         if let Some(mut c) = self.child.take() {
-            kill(c.id() as i32, libc::SIGTERM);
+            kill(c.id() as i32, Signal::SIGTERM);
             let deadline = Instant::now() + Duration::from_secs(5);
             while Instant::now() < deadline {
                 if let Ok(Some(_)) = c.try_wait() {

@@ -17,10 +17,10 @@
 //! image once. Bump [`IMAGES_VERSION`] whenever a recipe changes.
 
 use anyhow::{bail, Context, Result};
+use nix::fcntl::{Flock, FlockArg};
 use sha2::{Digest as _, Sha256};
 use std::fs::{self, File};
 use std::io::{self, Read, Write};
-use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -512,11 +512,10 @@ fn cached(name: &str, tag: &str, build: impl FnOnce(&Path) -> Result<PathBuf>) -
     let key = format!("{name}-{IMAGES_VERSION}");
     let done = root.join(&key);
     let lock = File::create(root.join(format!("{key}.lock")))?;
-    // SAFETY: flock on a file descriptor we own for the duration of the call; no memory is
-    // shared with the kernel.
-    if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) } != 0 {
-        return Err(io::Error::last_os_error()).context("locking the image cache");
-    }
+    // Held (and released on drop) until this function returns.
+    let _lock = Flock::lock(lock, FlockArg::LockExclusive)
+        .map_err(|(_, errno)| io::Error::from(errno))
+        .context("locking the image cache")?;
     let image = OciImage {
         layout: done.join("oci"),
         tag: tag.to_string(),

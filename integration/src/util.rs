@@ -15,8 +15,7 @@ pub fn free_port() -> Result<u16> {
 
 /// True when running as root (effective uid 0).
 pub fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    unsafe { libc::geteuid() == 0 }
+    nix::unistd::geteuid().is_root()
 }
 
 /// Find `name` on `$PATH`.
@@ -199,8 +198,8 @@ mod tests {
         let mut g = ChildGuard::new("sleep", child);
         g.check_running().unwrap();
         drop(g);
-        // SAFETY: kill with signal 0 only checks existence.
-        let alive = unsafe { libc::kill(pid as i32, 0) } == 0;
+        // Signal 0 only checks existence.
+        let alive = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), None).is_ok();
         assert!(!alive, "child {pid} still exists after drop");
     }
 

@@ -10,7 +10,6 @@ mod fuse_common;
 use anyhow::{ensure, Result};
 use fuse_common::*;
 use std::os::unix::fs::FileExt;
-use std::os::unix::io::AsRawFd;
 use std::path::Path;
 use std::time::{Duration, Instant};
 use weenv_snapshotter::fetch::FillConfig;
@@ -21,8 +20,13 @@ const RANDOM_READS: usize = 4000;
 
 fn drop_cache(p: &Path) -> Result<()> {
     let f = std::fs::File::open(p)?;
-    // SAFETY: valid fd; fadvise only drops clean page cache.
-    unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    // Only drops clean page cache; a failure just leaves it warm.
+    let _ = nix::fcntl::posix_fadvise(
+        &f,
+        0,
+        0,
+        nix::fcntl::PosixFadviseAdvice::POSIX_FADV_DONTNEED,
+    );
     Ok(())
 }
 

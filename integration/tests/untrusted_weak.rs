@@ -186,9 +186,7 @@ fn sigkilled_conversion_leaves_the_layout_unchanged_and_the_rerun_cleans_up() ->
         );
         std::thread::sleep(Duration::from_millis(5));
     }
-    // SAFETY: plain kill(2) of our own child by pid.
-    let rc = unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGKILL) };
-    ensure!(rc == 0, "kill failed");
+    child.kill().context("kill the converter")?;
     child.wait()?;
     let left = scratch_dirs(&dst)?;
     eprintln!(

@@ -22,8 +22,7 @@ use weenv_snapshotter::metrics::Metrics;
 
 /// Fails unless root with /dev/fuse.
 pub fn require_fuse() -> Result<()> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
+    if !nix::unistd::geteuid().is_root() {
         bail!("needs root (run ignored tests as root)");
     }
     if !Path::new("/dev/fuse").exists() {
@@ -201,13 +200,9 @@ pub struct MountGuard(pub PathBuf);
 
 impl Drop for MountGuard {
     fn drop(&mut self) {
-        let Ok(c) = CString::new(self.0.as_os_str().as_bytes()) else {
-            return;
-        };
-        // SAFETY: c is a valid NUL-terminated path.
-        if unsafe { libc::umount2(c.as_ptr(), 0) } != 0 {
-            // SAFETY: as above.
-            unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+        use nix::mount::{umount2, MntFlags};
+        if umount2(&self.0, MntFlags::empty()).is_err() {
+            let _ = umount2(&self.0, MntFlags::MNT_DETACH);
         }
     }
 }
@@ -256,6 +251,7 @@ fn xattrs_of(p: &Path) -> Result<BTreeMap<String, Vec<u8>>> {
     let c = CString::new(p.as_os_str().as_bytes())?;
     let mut out = BTreeMap::new();
     let mut names = vec![0u8; 65536];
+    // Raw libc: nix does not wrap the xattr calls.
     // SAFETY: c is NUL-terminated; names is a writable buffer of the given length.
     let n = unsafe { libc::llistxattr(c.as_ptr(), names.as_mut_ptr().cast(), names.len()) };
     if n < 0 {

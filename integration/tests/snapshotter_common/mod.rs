@@ -115,10 +115,8 @@ impl Daemon {
     /// SIGTERM, wait (SIGKILL after 20 s), and detach anything left mounted under the root.
     pub fn stop(&mut self) {
         if let Some(mut c) = self.child.take() {
-            // SAFETY: kill(2) on our own child's pid; no memory is touched.
-            unsafe {
-                libc::kill(c.id() as i32, libc::SIGTERM);
-            }
+            let pid = nix::unistd::Pid::from_raw(c.id() as i32);
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
             let deadline = Instant::now() + Duration::from_secs(20);
             loop {
                 match c.try_wait() {
