@@ -218,16 +218,10 @@ fn metric(daemon: &Daemon, name: &str) -> Result<u64> {
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs root, containerd, runc, fuse, docker-registry, skopeo, umoci"]
 async fn forged_diff_ids_never_poison_another_namespace() -> Result<()> {
-    let Good {
-        cl,
-        img,
-        host,
-        good,
-        _reg,
-        tmp,
-    } = good_image().await?;
+    let g = good_image().await?;
+    let (cl, img, host, good, tmp) = (&g.cl, &g.img, &g.host, &g.good, &g.tmp);
     let evil = format!("{host}/app:evil");
-    let evil_layer = push_evil(&cl, &img, &good, &evil).await?;
+    let evil_layer = push_evil(cl, img, good, &evil).await?;
 
     let mut daemon = Daemon::start(
         &tmp.path().join("snap"),
@@ -246,8 +240,8 @@ async fn forged_diff_ids_never_poison_another_namespace() -> Result<()> {
     let out = daemon.pull(ctd.address(), "tenant-a", &evil)?;
     ensure!(out.contains("(1 lazy"), "EVIL pulled lazily: {out}");
     // Victim B: GOOD under the same chain id gets GOOD's layer.
-    daemon.pull(ctd.address(), "victim-b", &good)?;
-    let out = ctr_run(&ctd, "victim-b", "weenv", &good, "victim1", CAT)?;
+    daemon.pull(ctd.address(), "victim-b", good)?;
+    let out = ctr_run(&ctd, "victim-b", "weenv", good, "victim1", CAT)?;
     ensure!(
         out.contains(GOOD_TEXT) && !out.contains("EVIL"),
         "victim got: {out}\ndaemon log:\n{}",
@@ -282,7 +276,7 @@ async fn forged_diff_ids_never_poison_another_namespace() -> Result<()> {
     );
     run_fails(&ctd, "tenant-a", &evil, "evil1")?;
     // GOOD is unaffected.
-    let out = ctr_run(&ctd, "victim-b", "weenv", &good, "victim2", CAT)?;
+    let out = ctr_run(&ctd, "victim-b", "weenv", good, "victim2", CAT)?;
     ensure!(out.contains(GOOD_TEXT), "victim after quarantine: {out}");
 
     // The quarantine survives a restart.
@@ -316,17 +310,11 @@ async fn forged_diff_ids_never_poison_another_namespace() -> Result<()> {
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs root, containerd, runc, fuse, docker-registry, skopeo, umoci"]
 async fn a_lying_toc_is_caught_before_the_entry_is_exposed() -> Result<()> {
-    let Good {
-        cl,
-        img,
-        host,
-        good,
-        _reg,
-        tmp,
-    } = good_image().await?;
+    let g = good_image().await?;
+    let (cl, img, host, good, tmp) = (&g.cl, &g.img, &g.host, &g.good, &g.tmp);
     let liar = format!("{host}/app:liar");
-    let liar_layer = push_liar(&cl, &img, &good, &liar).await?;
-    let (daemon, ctd) = lazy_stack(&tmp.path().join("snap"), &host)?;
+    let liar_layer = push_liar(cl, img, good, &liar).await?;
+    let (daemon, ctd) = lazy_stack(&tmp.path().join("snap"), host)?;
     let out = daemon.pull(ctd.address(), "t", &liar)?;
     ensure!(out.contains("(1 lazy"), "LIAR pulled lazily: {out}");
     // Plain files are served (their headers check out)...

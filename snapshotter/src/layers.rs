@@ -412,6 +412,12 @@ impl LayerStore {
         let Some(layer) = self.layer(digest) else {
             return;
         };
+        // The header checks will want the frames holding the headers of the profile's files.
+        let frames = if self.cfg.fill.check_headers && !layer.trust.walked() {
+            crate::fs::trust::with_header_frames(&layer, frames)
+        } else {
+            frames
+        };
         // Another image (or a second Prepare) may name the same frames: only new ones.
         let frames = layer.claim_prefetch(&frames);
         if frames.is_empty() {

@@ -303,6 +303,33 @@ pub fn frames_covering(starts: &[u64], from: u64, to: u64) -> std::ops::Range<us
     first..last.max(first + 1)
 }
 
+/// `frames` (a start-up profile) plus the frames holding the headers of the files whose data
+/// starts in them: a file whose data starts at a frame boundary has its header blocks at the
+/// end of the frame before, which its header check will need.
+pub fn with_header_frames(layer: &Layer, mut frames: Vec<FrameIdx>) -> Vec<FrameIdx> {
+    let wanted: std::collections::HashSet<FrameIdx> = frames.iter().copied().collect();
+    let mut extra = std::collections::BTreeSet::new();
+    for n in layer.table.ids() {
+        let Some(node) = layer.table.node(n) else {
+            continue;
+        };
+        if node.kind() != NodeKind::File || node.chunk_count() == 0 {
+            continue;
+        }
+        if let Some(c) = node.chunks().first() {
+            if c.frame_offset == 0 && c.frame.0 > 0 && wanted.contains(&c.frame) {
+                let before = FrameIdx(c.frame.0 - 1);
+                if !wanted.contains(&before) {
+                    extra.insert(before);
+                }
+            }
+        }
+    }
+    frames.extend(extra);
+    frames.sort();
+    frames
+}
+
 /// Whether `node`'s header must still be checked before it is served or exposed.
 pub fn header_pending(st: &FsState, layer: &Layer, node: u32) -> bool {
     st.fill.check_headers && !layer.trust.walked() && !layer.trust.header_checked(node as usize)
@@ -532,6 +559,31 @@ mod tests {
         assert_eq!(frames_covering(&starts, 250, 900), 2..3);
         assert!(frames_covering(&starts, 300, 400).is_empty());
         assert!(frames_covering(&[0], 0, 10).is_empty());
+    }
+
+    #[test]
+    fn a_profile_brings_the_header_frames_of_its_files() {
+        let (_, toc, blob) = crate::fetch::testutil::build_layer(
+            &tar_of(&[
+                T::File("small", b"x".to_vec()),
+                T::File("big", noise(3, 20_000)),
+            ]),
+            4096,
+        );
+        let src: Arc<dyn BlobSource> = MemSource::new(blob);
+        let l = Layer::new(Digest::sha256(b"l"), 0, toc, src).unwrap();
+        let big = l.table.resolve("big").unwrap();
+        let c0 = l.table.node(big).unwrap().chunks()[0].clone();
+        assert_eq!(c0.frame_offset, 0, "a large file's data starts a frame");
+        let got = with_header_frames(&l, vec![c0.frame]);
+        assert_eq!(got, vec![FrameIdx(c0.frame.0 - 1), c0.frame]);
+        // the header frame is where the entry's header is
+        let e = l.toc_entry(big).unwrap();
+        let starts = l.frames.stream_offsets();
+        assert_eq!(
+            frames_covering(&starts, e.header, e.header + 1).start,
+            (c0.frame.0 - 1) as usize
+        );
     }
 
     #[test]
