@@ -355,6 +355,9 @@ async fn header_checks_cost_at_cold_start() -> Result<()> {
     // (checks on, bytes, requests, seconds)
     type Sample = (bool, u64, u64, f64);
     let mut results: Vec<Sample> = Vec::new();
+    // WEENV_CHECK_COST_CMD: another python3 workload (must print ok).
+    let workload = std::env::var("WEENV_CHECK_COST_CMD")
+        .unwrap_or_else(|_| "import json; print('ok')".to_string());
     for round in 0..rounds {
         for checks in [true, false] {
             let mut opts = py.daemon_options();
@@ -374,7 +377,7 @@ async fn header_checks_cost_at_cold_start() -> Result<()> {
                 "weenv",
                 &weenv,
                 &format!("py-{round}-{checks}"),
-                &["python3", "-c", "import json; print('ok')"],
+                &["python3", "-c", &workload],
             )?;
             let secs = t0.elapsed().as_secs_f64();
             ensure!(out.contains("ok"), "{out}");

@@ -461,7 +461,8 @@ enum Step {
     Fail(FormatError),
 }
 
-/// Checks `entry` against the frames of `range` (`frames`, in order).
+/// Checks `entry` against the frames of `range` (`frames`, in order), copying only the bytes
+/// from its header to its data start (files) or to `span_end`.
 fn header_step(
     toc: &Toc,
     starts: &[u64],
@@ -470,16 +471,27 @@ fn header_step(
     frames: &[bytes::Bytes],
     span_end: u64,
 ) -> Step {
-    let base = starts.get(range.start).copied().unwrap_or(0);
+    let file_start = match toc.data_start(entry) {
+        Some(d) if entry.kind == EntryKind::File => Some(d),
+        _ => None,
+    };
+    let end = file_start.unwrap_or(span_end);
     let mut buf = Vec::new();
+    let mut pos = starts.get(range.start).copied().unwrap_or(0);
     for f in frames {
-        buf.extend_from_slice(f);
+        let next = pos.saturating_add(f.len() as u64);
+        let (lo, hi) = (entry.header.max(pos), end.min(next));
+        if lo < hi {
+            let (a, b) = ((lo - pos) as usize, (hi - pos) as usize);
+            buf.extend_from_slice(f.get(a..b).unwrap_or(&[]));
+        }
+        pos = next;
     }
-    let skip = usize::try_from(entry.header.saturating_sub(base)).unwrap_or(usize::MAX);
-    match check_entry(toc, entry, buf.get(skip..).unwrap_or(&[])) {
+    match check_entry(toc, entry, &buf) {
         Ok(_) => Step::Pass,
+        // A file's header blocks must end where its data starts: no need to read on.
         Err(FormatError::TruncatedTar { .. })
-            if starts.get(range.end).is_some_and(|&e| e < span_end) =>
+            if file_start.is_none() && starts.get(range.end).is_some_and(|&e| e < span_end) =>
         {
             Step::More(range.start..range.end + 1)
         }
