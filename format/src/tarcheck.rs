@@ -61,77 +61,39 @@ fn show_xattrs(x: &BTreeMap<String, Vec<u8>>) -> String {
 /// Compare every field a tar header determines (not chunks). `tar` is what the parser made
 /// of the header blocks at `toc.header`.
 fn compare(toc: &Entry, tar: &Entry) -> Result<(), FormatError> {
-    let p = toc.path.as_str();
-    if toc.path != tar.path {
-        return Err(mismatch(
-            p,
-            "path",
-            format!("{:?}", toc.path),
-            format!("{:?}", tar.path),
-        ));
-    }
-    if toc.header != tar.header {
-        return Err(mismatch(
-            p,
-            "header offset",
-            toc.header.to_string(),
-            tar.header.to_string(),
-        ));
-    }
-    if toc.kind != tar.kind {
-        return Err(mismatch(
-            p,
-            "type",
-            format!("{:?}", toc.kind),
-            format!("{:?}", tar.kind),
-        ));
-    }
-    if toc.mode != tar.mode {
-        return Err(mismatch(
-            p,
-            "mode",
-            format!("{:#o}", toc.mode),
-            format!("{:#o}", tar.mode),
-        ));
-    }
-    let nums: [(&'static str, u64, u64); 6] = [
-        ("uid", toc.uid.into(), tar.uid.into()),
-        ("gid", toc.gid.into(), tar.gid.into()),
-        ("devmajor", toc.devmajor.into(), tar.devmajor.into()),
-        ("devminor", toc.devminor.into(), tar.devminor.into()),
-        ("size", toc.size, tar.size),
-        ("mtime_nsec", toc.mtime_nsec.into(), tar.mtime_nsec.into()),
+    type Show = fn(&Entry) -> String;
+    // (field, differs, how a side is shown), in the order the first difference is reported.
+    let fields: [(&'static str, bool, Show); 13] = [
+        ("path", toc.path != tar.path, |e| format!("{:?}", e.path)),
+        ("header offset", toc.header != tar.header, |e| {
+            e.header.to_string()
+        }),
+        ("type", toc.kind != tar.kind, |e| format!("{:?}", e.kind)),
+        ("mode", toc.mode != tar.mode, |e| format!("{:#o}", e.mode)),
+        ("uid", toc.uid != tar.uid, |e| e.uid.to_string()),
+        ("gid", toc.gid != tar.gid, |e| e.gid.to_string()),
+        ("devmajor", toc.devmajor != tar.devmajor, |e| {
+            e.devmajor.to_string()
+        }),
+        ("devminor", toc.devminor != tar.devminor, |e| {
+            e.devminor.to_string()
+        }),
+        ("size", toc.size != tar.size, |e| e.size.to_string()),
+        ("mtime_nsec", toc.mtime_nsec != tar.mtime_nsec, |e| {
+            e.mtime_nsec.to_string()
+        }),
+        ("mtime", toc.mtime != tar.mtime, |e| e.mtime.to_string()),
+        ("link target", toc.link != tar.link, |e| {
+            format!("{:?}", e.link)
+        }),
+        ("xattrs", toc.xattrs != tar.xattrs, |e| {
+            show_xattrs(&e.xattrs)
+        }),
     ];
-    for (field, a, b) in nums {
-        if a != b {
-            return Err(mismatch(p, field, a.to_string(), b.to_string()));
-        }
+    match fields.into_iter().find(|(_, differs, _)| *differs) {
+        Some((field, _, show)) => Err(mismatch(&toc.path, field, show(toc), show(tar))),
+        None => Ok(()),
     }
-    if toc.mtime != tar.mtime {
-        return Err(mismatch(
-            p,
-            "mtime",
-            toc.mtime.to_string(),
-            tar.mtime.to_string(),
-        ));
-    }
-    if toc.link != tar.link {
-        return Err(mismatch(
-            p,
-            "link target",
-            format!("{:?}", toc.link),
-            format!("{:?}", tar.link),
-        ));
-    }
-    if toc.xattrs != tar.xattrs {
-        return Err(mismatch(
-            p,
-            "xattrs",
-            show_xattrs(&toc.xattrs),
-            show_xattrs(&tar.xattrs),
-        ));
-    }
-    Ok(())
 }
 
 /// A sink that keeps the first entry reported.
