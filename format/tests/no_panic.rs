@@ -7,7 +7,7 @@ mod common;
 use common::*;
 use weenv_format::tarcheck::{check_entry, StreamChecker, MAX_HEADER_SPAN};
 use weenv_format::toc::Toc;
-use weenv_format::{write_layer, EntryKind, Footer, LayerReader, WriterOptions};
+use weenv_format::{write_layer, EntryKind, Footer, LayerReader};
 
 /// xorshift64*: deterministic, no dependency.
 struct Rng(u64);
@@ -20,15 +20,6 @@ impl Rng {
     }
     fn below(&mut self, n: usize) -> usize {
         (self.next() % n.max(1) as u64) as usize
-    }
-}
-
-fn opts() -> WriterOptions {
-    WriterOptions {
-        frame_size: 1024,
-        small_file_threshold: 512,
-        chunk_size: 1024,
-        level: 1,
     }
 }
 
@@ -46,7 +37,7 @@ fn toc_parse(data: &[u8]) {
 /// Same body as fuzz_targets/tar_to_layer.rs.
 fn tar_to_layer(data: &[u8]) {
     let mut blob = Vec::new();
-    if write_layer(data, &mut blob, &opts()).is_ok() {
+    if write_layer(data, &mut blob, &small_frames()).is_ok() {
         assert_eq!(zstd_decompress(&blob), data);
         let r = LayerReader::open(&blob, None).unwrap();
         let toc = r.toc();
@@ -127,7 +118,7 @@ fn tar_to_layer_never_panics() {
 fn toc_parse_never_panics() {
     let tar = seed_tar();
     let mut blob = Vec::new();
-    let s = write_layer(&tar[..], &mut blob, &opts()).unwrap();
+    let s = write_layer(&tar[..], &mut blob, &small_frames()).unwrap();
     toc_parse(&blob);
     let mut rng = Rng(0xD1B5_4A32_D192_ED03);
     // Raw mutations of the blob, concentrated on the tail.

@@ -7,16 +7,7 @@ mod common;
 use common::*;
 use weenv_format::tarcheck::{check_entry, check_entry_header, StreamChecker, MAX_HEADER_SPAN};
 use weenv_format::toc::{Entry, EntryKind, Toc, TocLimits};
-use weenv_format::{write_layer, FormatError, LayerReader, LayerSummary, WriterOptions};
-
-fn opts() -> WriterOptions {
-    WriterOptions {
-        frame_size: 1024,
-        small_file_threshold: 512,
-        chunk_size: 1024,
-        level: 1,
-    }
-}
+use weenv_format::{write_layer, FormatError, LayerReader, LayerSummary};
 
 /// An image layer with one of everything that matters.
 fn sample_tar() -> Vec<u8> {
@@ -74,7 +65,7 @@ fn sample_tar() -> Vec<u8> {
 fn sample() -> (Vec<u8>, Vec<u8>, LayerSummary, Toc) {
     let tar = sample_tar();
     let mut blob = Vec::new();
-    let s = write_layer(&tar[..], &mut blob, &opts()).unwrap();
+    let s = write_layer(&tar[..], &mut blob, &small_frames()).unwrap();
     let toc = LayerReader::open(&blob[..], None).unwrap().into_toc();
     (tar, blob, s, toc)
 }
@@ -324,7 +315,7 @@ fn hidden_entry_inside_an_unlisted_file_is_caught_by_the_stream_check() {
     t.file("z", b"y");
     let tar = t.finish();
     let mut blob = Vec::new();
-    write_layer(&tar[..], &mut blob, &opts()).unwrap();
+    write_layer(&tar[..], &mut blob, &small_frames()).unwrap();
     let mut toc = LayerReader::open(&blob[..], None).unwrap().into_toc();
     let c = idx(&toc, "carrier");
     let data = toc.data_start(&toc.entries[c]).unwrap();
@@ -409,7 +400,7 @@ fn validation_rules_name_the_entry() {
 fn long_names_are_refused_by_the_writer() {
     let mut t = TarBuilder::new();
     t.file(&format!("d/{}", "n".repeat(256)), b"x");
-    let err = write_layer(&t.finish()[..], Vec::new(), &opts()).unwrap_err();
+    let err = write_layer(&t.finish()[..], Vec::new(), &small_frames()).unwrap_err();
     assert!(err.to_string().contains("NAME_MAX"), "{err}");
 }
 

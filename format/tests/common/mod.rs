@@ -297,3 +297,14 @@ pub fn zstd_decompress(blob: &[u8]) -> Vec<u8> {
     std::io::copy(&mut dec, &mut out).unwrap();
     out
 }
+
+/// Writer options with tiny frames (1 KiB), so small test archives span many frames.
+#[allow(dead_code)] // not every test binary that includes `common` uses it
+pub fn small_frames() -> weenv_format::WriterOptions {
+    weenv_format::WriterOptions {
+        frame_size: 1024,
+        small_file_threshold: 512,
+        chunk_size: 1024,
+        level: 1,
+    }
+}
