@@ -54,12 +54,20 @@ impl Observable for Obs {
         let mut m = self.metrics.render();
         m.push_str(&self.svc.counters().render());
         if let Ok(c) = crate::status::count_snapshots(&self.store) {
-            m.push_str(&format!(
-                "# HELP weenv_snapshots Snapshots by kind.\n# TYPE weenv_snapshots gauge\n\
-                 weenv_snapshots{{kind=\"active\"}} {}\nweenv_snapshots{{kind=\"view\"}} {}\n\
-                 weenv_snapshots{{kind=\"committed\"}} {}\nweenv_snapshots{{kind=\"remote\"}} {}\n",
-                c.active, c.view, c.committed, c.remote
-            ));
+            let mut e = crate::metrics::Exposition::new();
+            e.gauge_family(
+                "weenv_snapshots",
+                "Snapshots by kind.",
+                "kind",
+                [
+                    ("active", c.active),
+                    ("view", c.view),
+                    ("committed", c.committed),
+                    ("remote", c.remote),
+                ]
+                .to_vec(),
+            );
+            m.push_str(&e.render());
         }
         m
     }

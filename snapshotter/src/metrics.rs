@@ -1,12 +1,25 @@
-//! Process-wide counters of the lazy data path, rendered in the Prometheus text format.
+//! Process-wide counters of the lazy data path, rendered in the Prometheus text format
+//! (version 0.0.4) by `prometheus-client`.
 //!
-//! Everything is a relaxed atomic: counters are monotonic, read only for exposition and tests.
+//! Counters are relaxed atomics (monotonic, read only for exposition and tests); the fetch
+//! latency is a prometheus-client [`Histogram`]. [`Exposition`] reads them at scrape time and is
+//! what every `/metrics` family of the daemon goes through (also the service's and the store's).
 //! FUSE operations are counted by [`OpGuard`] (RAII) so early returns are counted too; the
-//! guard counts an error when [`OpGuard::fail`] was called before it drops.
+//! guard counts an error when [`OpGuard::fail`] was called before it drops. A read answered
+//! from a spawned task takes its guard along ([`Metrics::op_owned`]), so it is counted when its
+//! reply is sent.
 
-use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{prometheus_text, DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Registry;
 
 /// FUSE operations that are counted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -74,7 +87,7 @@ pub const LATENCY_BUCKETS: [f64; 12] = [
 ];
 
 /// Counters of the snapshotter data path.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Metrics {
     /// Compressed bytes fetched from a source for on-demand reads (incl. read-ahead).
     pub bytes_fetched_on_demand: AtomicU64,
@@ -107,9 +120,37 @@ pub struct Metrics {
     pub layers_verified: AtomicU64,
     fuse_ops: [AtomicU64; 13],
     fuse_errors: [AtomicU64; 13],
-    latency_buckets: [AtomicU64; 12],
+    /// Fetch latency (seconds), a prometheus-client histogram (shared, cheap to clone).
+    latency: Histogram,
+    /// Observations of `latency` (its count is not readable outside prometheus-client tests).
     latency_count: AtomicU64,
-    latency_sum_micros: AtomicU64,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self {
+            bytes_fetched_on_demand: AtomicU64::default(),
+            bytes_fetched_fill: AtomicU64::default(),
+            bytes_fetched_prefetch: AtomicU64::default(),
+            range_requests: AtomicU64::default(),
+            range_request_errors: AtomicU64::default(),
+            l1_hits: AtomicU64::default(),
+            l1_misses: AtomicU64::default(),
+            l2_hits: AtomicU64::default(),
+            l2_misses: AtomicU64::default(),
+            l2_evictions: AtomicU64::default(),
+            verification_failures: AtomicU64::default(),
+            read_bytes_served: AtomicU64::default(),
+            passthrough_opens: AtomicU64::default(),
+            layers_quarantined: AtomicU64::default(),
+            header_checks: AtomicU64::default(),
+            layers_verified: AtomicU64::default(),
+            fuse_ops: Default::default(),
+            fuse_errors: Default::default(),
+            latency: Histogram::new(LATENCY_BUCKETS),
+            latency_count: AtomicU64::default(),
+        }
+    }
 }
 
 impl Metrics {
@@ -120,28 +161,32 @@ impl Metrics {
 
     /// Adds one observation to the fetch latency histogram.
     pub fn observe_fetch_latency(&self, d: Duration) {
-        let secs = d.as_secs_f64();
-        for (i, le) in LATENCY_BUCKETS.iter().enumerate() {
-            if secs <= *le {
-                self.latency_buckets[i].fetch_add(1, Ordering::Relaxed);
-            }
-        }
+        self.latency.observe(d.as_secs_f64());
         self.latency_count.fetch_add(1, Ordering::Relaxed);
-        let micros = u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
-        self.latency_sum_micros.fetch_add(micros, Ordering::Relaxed);
     }
 
     /// Starts counting one FUSE operation.
     pub fn op(&self, op: FuseOp) -> OpGuard<'_> {
         self.fuse_ops[op.index()].fetch_add(1, Ordering::Relaxed);
         OpGuard {
-            metrics: self,
+            metrics: Holder::Borrowed(self),
             op,
             failed: false,
         }
     }
 
-    /// Counts a FUSE error for `op` (for replies sent outside an [`OpGuard`], e.g. async reads).
+    /// Starts counting one FUSE operation whose reply is sent from a spawned task (async
+    /// reads): the guard owns a handle on the metrics and moves into the task.
+    pub fn op_owned(self: &Arc<Self>, op: FuseOp) -> OpGuard<'static> {
+        self.fuse_ops[op.index()].fetch_add(1, Ordering::Relaxed);
+        OpGuard {
+            metrics: Holder::Owned(Arc::clone(self)),
+            op,
+            failed: false,
+        }
+    }
+
+    /// Counts a FUSE error for `op` (for replies sent outside an [`OpGuard`]).
     pub fn op_error(&self, op: FuseOp) {
         self.fuse_errors[op.index()].fetch_add(1, Ordering::Relaxed);
     }
@@ -156,10 +201,10 @@ impl Metrics {
         self.fuse_errors[op.index()].load(Ordering::Relaxed)
     }
 
-    /// Prometheus text exposition (version 0.0.4).
+    /// Prometheus text exposition (version 0.0.4), encoded by prometheus-client.
     pub fn render(&self) -> String {
-        let mut s = String::new();
-        let counters: [(&str, &str, &AtomicU64); 17] = [
+        let mut e = Exposition::new();
+        let counters: [(&'static str, &'static str, &AtomicU64); 17] = [
             (
                 "weenv_fetch_bytes_on_demand_total",
                 "Compressed bytes fetched for on-demand reads.",
@@ -247,58 +292,180 @@ impl Metrics {
             ),
         ];
         for (name, help, v) in counters {
-            let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} counter");
-            let _ = writeln!(s, "{name} {}", v.load(Ordering::Relaxed));
+            e.counter(name, help, v.load(Ordering::Relaxed));
         }
-        let _ = writeln!(s, "# HELP weenv_fuse_ops_total FUSE requests by operation.");
-        let _ = writeln!(s, "# TYPE weenv_fuse_ops_total counter");
-        for op in FuseOp::ALL {
-            let _ = writeln!(
-                s,
-                "weenv_fuse_ops_total{{op=\"{}\"}} {}",
-                op.name(),
-                self.fuse_op_count(op)
-            );
-        }
-        let _ = writeln!(
-            s,
-            "# HELP weenv_fuse_errors_total FUSE requests answered with an error."
+        let by_op = |counts: &[AtomicU64; 13]| {
+            FuseOp::ALL
+                .map(|op| (op.name(), counts[op.index()].load(Ordering::Relaxed)))
+                .to_vec()
+        };
+        e.counter_family(
+            "weenv_fuse_ops_total",
+            "FUSE requests by operation.",
+            "op",
+            by_op(&self.fuse_ops),
         );
-        let _ = writeln!(s, "# TYPE weenv_fuse_errors_total counter");
-        for op in FuseOp::ALL {
-            let _ = writeln!(
-                s,
-                "weenv_fuse_errors_total{{op=\"{}\"}} {}",
-                op.name(),
-                self.fuse_error_count(op)
-            );
-        }
-        let _ = writeln!(
-            s,
-            "# HELP weenv_fetch_latency_seconds Latency of source range requests."
+        e.counter_family(
+            "weenv_fuse_errors_total",
+            "FUSE requests answered with an error.",
+            "op",
+            by_op(&self.fuse_errors),
         );
-        let _ = writeln!(s, "# TYPE weenv_fetch_latency_seconds histogram");
-        for (i, le) in LATENCY_BUCKETS.iter().enumerate() {
-            let n = self.latency_buckets[i].load(Ordering::Relaxed);
-            let _ = writeln!(s, "weenv_fetch_latency_seconds_bucket{{le=\"{le}\"}} {n}");
-        }
-        let count = self.latency_count.load(Ordering::Relaxed);
-        let _ = writeln!(
-            s,
-            "weenv_fetch_latency_seconds_bucket{{le=\"+Inf\"}} {count}"
+        e.histogram(
+            "weenv_fetch_latency_seconds",
+            "Latency of source range requests.",
+            self.latency.clone(),
         );
-        let sum = self.latency_sum_micros.load(Ordering::Relaxed) as f64 / 1e6;
-        let _ = writeln!(s, "weenv_fetch_latency_seconds_sum {sum}");
-        let _ = writeln!(s, "weenv_fetch_latency_seconds_count {count}");
-        s
+        e.render()
+    }
+}
+
+/// Metric families read at scrape time, encoded in the Prometheus text format (version 0.0.4)
+/// by prometheus-client, in the order they were added.
+///
+/// The values live where they are counted (atomics of [`Metrics`], the service's counters, the
+/// metadata store); an `Exposition` takes a reading of them and is a prometheus-client
+/// [`Collector`]. Names are given in full (`..._total` for counters), as scrapers see them.
+#[derive(Debug, Default)]
+pub struct Exposition {
+    families: Vec<Family>,
+}
+
+#[derive(Debug)]
+struct Family {
+    name: &'static str,
+    help: &'static str,
+    samples: Samples,
+}
+
+#[derive(Debug)]
+enum Samples {
+    Counter(u64),
+    CounterFamily(&'static str, Vec<(&'static str, u64)>),
+    Gauge(&'static str, Vec<(&'static str, u64)>),
+    Histogram(Histogram),
+}
+
+impl Exposition {
+    /// An empty exposition.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A counter without labels; `name` ends in `_total`.
+    pub fn counter(&mut self, name: &'static str, help: &'static str, value: u64) {
+        self.push(name, help, Samples::Counter(value));
+    }
+
+    /// A counter with one label `label`, one sample per `(label value, count)`.
+    pub fn counter_family(
+        &mut self,
+        name: &'static str,
+        help: &'static str,
+        label: &'static str,
+        values: Vec<(&'static str, u64)>,
+    ) {
+        self.push(name, help, Samples::CounterFamily(label, values));
+    }
+
+    /// A gauge with one label `label`, one sample per `(label value, value)`.
+    pub fn gauge_family(
+        &mut self,
+        name: &'static str,
+        help: &'static str,
+        label: &'static str,
+        values: Vec<(&'static str, u64)>,
+    ) {
+        self.push(name, help, Samples::Gauge(label, values));
+    }
+
+    /// A histogram (`_bucket`, `_sum`, `_count` series).
+    pub fn histogram(&mut self, name: &'static str, help: &'static str, h: Histogram) {
+        self.push(name, help, Samples::Histogram(h));
+    }
+
+    fn push(&mut self, name: &'static str, help: &'static str, samples: Samples) {
+        self.families.push(Family {
+            name,
+            help,
+            samples,
+        });
+    }
+
+    /// The text exposition (version 0.0.4); empty if encoding failed (it writes to a `String`,
+    /// so only a broken invariant of prometheus-client could make it fail).
+    pub fn render(self) -> String {
+        let mut registry = Registry::default();
+        registry.register_collector(Box::new(self));
+        let mut out = String::new();
+        match prometheus_text::encode(&mut out, &registry) {
+            Ok(()) => out,
+            Err(e) => {
+                tracing::warn!(error = %e, "encoding metrics failed");
+                String::new()
+            }
+        }
+    }
+}
+
+/// prometheus-client appends `_total` to counter names itself.
+fn counter_name(name: &str) -> &str {
+    name.strip_suffix("_total").unwrap_or(name)
+}
+
+impl Collector for Exposition {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        for f in &self.families {
+            match &f.samples {
+                Samples::Counter(v) => {
+                    let m = encoder.encode_descriptor(
+                        counter_name(f.name),
+                        f.help,
+                        None,
+                        MetricType::Counter,
+                    )?;
+                    ConstCounter::new(*v).encode(m)?;
+                }
+                Samples::CounterFamily(key, values) => {
+                    let mut m = encoder.encode_descriptor(
+                        counter_name(f.name),
+                        f.help,
+                        None,
+                        MetricType::Counter,
+                    )?;
+                    for (value_label, v) in values {
+                        ConstCounter::new(*v).encode(m.encode_family(&[(*key, *value_label)])?)?;
+                    }
+                }
+                Samples::Gauge(key, values) => {
+                    let mut m =
+                        encoder.encode_descriptor(f.name, f.help, None, MetricType::Gauge)?;
+                    for (value_label, v) in values {
+                        ConstGauge::new(*v).encode(m.encode_family(&[(*key, *value_label)])?)?;
+                    }
+                }
+                Samples::Histogram(h) => {
+                    let m = encoder.encode_descriptor(f.name, f.help, None, h.metric_type())?;
+                    h.encode(m)?;
+                }
+            }
+        }
+        Ok(())
     }
 }
 
 /// Counts one FUSE operation; counts an error on drop if [`fail`](Self::fail) was called.
 pub struct OpGuard<'a> {
-    metrics: &'a Metrics,
+    metrics: Holder<'a>,
     op: FuseOp,
     failed: bool,
+}
+
+/// The metrics an [`OpGuard`] counts into: borrowed for replies sent from the FUSE thread,
+/// owned for replies sent from a spawned task.
+enum Holder<'a> {
+    Borrowed(&'a Metrics),
+    Owned(Arc<Metrics>),
 }
 
 impl OpGuard<'_> {
@@ -311,7 +478,10 @@ impl OpGuard<'_> {
 impl Drop for OpGuard<'_> {
     fn drop(&mut self) {
         if self.failed {
-            self.metrics.op_error(self.op);
+            match &self.metrics {
+                Holder::Borrowed(m) => m.op_error(self.op),
+                Holder::Owned(m) => m.op_error(self.op),
+            }
         }
     }
 }
@@ -330,6 +500,11 @@ mod tests {
             g.fail();
         }
         let _ok = m.op(FuseOp::Lookup);
+        let shared = Arc::new(Metrics::new());
+        let mut moved = shared.op_owned(FuseOp::Read);
+        std::thread::spawn(move || moved.fail()).join().ok();
+        assert_eq!(shared.fuse_op_count(FuseOp::Read), 1);
+        assert_eq!(shared.fuse_error_count(FuseOp::Read), 1);
         let text = m.render();
         assert!(text.contains("weenv_cache_l1_hits_total 3"));
         assert!(text.contains("weenv_fuse_errors_total{op=\"read\"} 1"));
@@ -337,5 +512,28 @@ mod tests {
         assert!(text.contains("weenv_fetch_latency_seconds_bucket{le=\"0.0025\"} 0"));
         assert!(text.contains("weenv_fetch_latency_seconds_bucket{le=\"0.005\"} 1"));
         assert!(text.contains("weenv_fetch_latency_seconds_count 1"));
+        assert!(text.contains("weenv_fetch_latency_observations_total 1"));
+    }
+
+    #[test]
+    fn exposition_is_prometheus_text_in_insertion_order() {
+        let mut e = Exposition::new();
+        e.counter("a_total", "Plain counter.", 2);
+        e.counter_family("b_total", "By op.", "op", vec![("x", 1), ("y", 0)]);
+        e.gauge_family("c", "By kind.", "kind", vec![("k", 7)]);
+        let h = Histogram::new([0.5, 1.0]);
+        h.observe(0.25);
+        h.observe(0.75);
+        e.histogram("d_seconds", "Latency.", h);
+        assert_eq!(
+            e.render(),
+            "# HELP a_total Plain counter.\n# TYPE a_total counter\na_total 2\n\
+             # HELP b_total By op.\n# TYPE b_total counter\n\
+             b_total{op=\"x\"} 1\nb_total{op=\"y\"} 0\n\
+             # HELP c By kind.\n# TYPE c gauge\nc{kind=\"k\"} 7\n\
+             # HELP d_seconds Latency.\n# TYPE d_seconds histogram\n\
+             d_seconds_bucket{le=\"0.5\"} 1\nd_seconds_bucket{le=\"1\"} 2\n\
+             d_seconds_bucket{le=\"+Inf\"} 2\nd_seconds_sum 1.0\nd_seconds_count 2\n"
+        );
     }
 }

@@ -82,22 +82,21 @@ pub struct RemoteCounters {
 impl RemoteCounters {
     /// Prometheus text for these counters.
     pub fn render(&self) -> String {
-        let mut out = String::from(
-            "# HELP weenv_remote_prepares_total Prepares with remote-snapshot labels, by outcome.\n\
-             # TYPE weenv_remote_prepares_total counter\n",
+        let mut e = crate::metrics::Exposition::new();
+        e.counter_family(
+            "weenv_remote_prepares_total",
+            "Prepares with remote-snapshot labels, by outcome.",
+            "outcome",
+            [
+                ("remote", &self.remote_hits),
+                ("not_weenv", &self.remote_not_weenv),
+                ("error", &self.remote_errors),
+                ("refused", &self.remote_refused),
+            ]
+            .map(|(outcome, c)| (outcome, c.load(Ordering::Relaxed)))
+            .to_vec(),
         );
-        for (outcome, c) in [
-            ("remote", &self.remote_hits),
-            ("not_weenv", &self.remote_not_weenv),
-            ("error", &self.remote_errors),
-            ("refused", &self.remote_refused),
-        ] {
-            out.push_str(&format!(
-                "weenv_remote_prepares_total{{outcome=\"{outcome}\"}} {}\n",
-                c.load(Ordering::Relaxed)
-            ));
-        }
-        out
+        e.render()
     }
 }
 

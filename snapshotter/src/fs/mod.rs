@@ -274,7 +274,8 @@ impl Filesystem for WeenvFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        let mut op = self.st.metrics.op(FuseOp::Read);
+        // Owned: the async reads below take the guard into their task.
+        let mut op = self.st.metrics.op_owned(FuseOp::Read);
         let plan = match self.st.read_plan(ino.0, offset, size) {
             Ok(p) => p,
             Err(e) => {
@@ -321,7 +322,7 @@ impl Filesystem for WeenvFs {
                         reply.data(&data);
                     }
                     Err(e) => {
-                        st.metrics.op_error(FuseOp::Read);
+                        op.fail();
                         reply.error(e);
                     }
                 }
@@ -343,7 +344,7 @@ impl Filesystem for WeenvFs {
                     reply.data(&data);
                 }
                 Err(e) => {
-                    st.metrics.op_error(FuseOp::Read);
+                    op.fail();
                     tracing::debug!(error = %e, layer = %plan.layer.digest, node = plan.node, "read failed: EIO");
                     reply.error(e.errno());
                 }
