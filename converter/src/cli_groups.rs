@@ -9,9 +9,9 @@ use weenv_converter::group::{create_group, parse_layer_range, GroupSource, Group
 use weenv_converter::mutate::{mutate_group, MutateSpec};
 use weenv_converter::plan::{compose_plan, parse_ref, publish_composed};
 use weenv_converter::resolve_cache::{default_cache_dir, unix_secs, ResolveCache, ResolvePolicy};
-use weenv_converter::stats::{stats, synthetic, table, GroupShape, PlanShape, SyntheticSizes};
-use weenv_format::group::{ConfigFragment, GroupKind, Platform};
-use weenv_format::plan::Plan;
+use weenv_env::group::{ConfigFragment, GroupKind, Platform};
+use weenv_env::plan::Plan;
+use weenv_env::stats::{stats, synthetic, table, GroupShape, PlanShape, SyntheticSizes};
 use weenv_format::writer::WriterOptions;
 use weenv_registry::Client;
 
@@ -381,8 +381,8 @@ pub async fn run_plan(client: &Client, cmd: PlanCmd, json: bool) -> Result<()> {
         PlanCmd::PushPatch { patch, to } => {
             let bytes =
                 std::fs::read(&patch).with_context(|| format!("reading {}", patch.display()))?;
-            weenv_format::patch::parse_patch(&bytes, 0)
-                .or_else(|_| weenv_format::patch::parse_patch(&bytes, 1))
+            weenv_env::patch::parse_patch(&bytes, 0)
+                .or_else(|_| weenv_env::patch::parse_patch(&bytes, 1))
                 .with_context(|| format!("{} is not a patch weenv can apply", patch.display()))?;
             let d = weenv_format::Digest::sha256(&bytes);
             client

@@ -1,4 +1,4 @@
-//! `weenv-convert group create`: publish a layer group (see `weenv_format::group`).
+//! `weenv-convert group create`: publish a layer group (see `weenv_env::group`).
 //!
 //! Sources: a directory (tarred deterministically: sorted, owner 0:0), a tarball (plain,
 //! gzip or zstd), or a range of an existing image's layers (`--from REF --layers 0..3`; weenv
@@ -12,11 +12,11 @@ use std::io::{BufReader, BufWriter, Read, Write};
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use thiserror::Error;
-use weenv_format::group::{
+use weenv_env::fragment::{merge_fragment, source_config};
+use weenv_env::group::{
     build_group, BuiltGroup, ConfigFragment, Descriptor, GroupConfig, GroupKind, Platform,
-    GROUP_CONFIG_VERSION, MEDIA_TYPE_GROUP_CONFIG, MEDIA_TYPE_OCI_MANIFEST,
+    GROUP_CONFIG_VERSION, MEDIA_TYPE_OCI_MANIFEST,
 };
-use weenv_format::plan::merge_env;
 use weenv_format::reader::TocHint;
 use weenv_format::writer::{descriptor_annotations, write_layer, LayerSummary, WriterOptions};
 use weenv_format::{Digest, FormatError, MEDIA_TYPE_LAYER_ZSTD};
@@ -270,62 +270,6 @@ async fn blocking<T: Send + 'static>(
         })?
 }
 
-/// Fragment of an OCI image config (`config` section) for `--from` sources.
-fn image_fragment(cfg: &serde_json::Value) -> ConfigFragment {
-    let c = &cfg["config"];
-    let strs = |v: &serde_json::Value| -> Option<Vec<String>> {
-        v.as_array().map(|a| {
-            a.iter()
-                .filter_map(|s| s.as_str().map(str::to_string))
-                .collect()
-        })
-    };
-    let s = |v: &serde_json::Value| v.as_str().filter(|s| !s.is_empty()).map(str::to_string);
-    ConfigFragment {
-        env: strs(&c["Env"]).unwrap_or_default(),
-        workdir: s(&c["WorkingDir"]),
-        entrypoint: strs(&c["Entrypoint"]),
-        cmd: strs(&c["Cmd"]),
-        user: s(&c["User"]),
-        labels: c["Labels"]
-            .as_object()
-            .map(|o| {
-                o.iter()
-                    .filter_map(|(k, v)| v.as_str().map(|v| (k.clone(), v.to_string())))
-                    .collect()
-            })
-            .unwrap_or_default(),
-    }
-}
-
-/// diff_ids, config fragment and platform of a `--from` source: an image config, or the
-/// config of a layer group (so groups can be cut from groups).
-fn source_config(
-    media_type: &str,
-    bytes: &[u8],
-    host: &Platform,
-) -> Result<(Vec<Digest>, ConfigFragment, Platform), String> {
-    if media_type == MEDIA_TYPE_GROUP_CONFIG {
-        let g = GroupConfig::from_json(bytes).map_err(|e| e.to_string())?;
-        return Ok((g.diff_ids, g.config, g.platform));
-    }
-    let cfg: serde_json::Value =
-        serde_json::from_slice(bytes).map_err(|e| format!("not JSON: {e}"))?;
-    let diff_ids: Vec<Digest> = cfg["rootfs"]["diff_ids"]
-        .as_array()
-        .map(|a| a.iter().filter_map(|d| d.as_str()?.parse().ok()).collect())
-        .unwrap_or_default();
-    let platform = Platform {
-        os: cfg["os"].as_str().unwrap_or("linux").to_string(),
-        architecture: cfg["architecture"]
-            .as_str()
-            .unwrap_or(&host.architecture)
-            .to_string(),
-        variant: cfg["variant"].as_str().map(str::to_string),
-    };
-    Ok((diff_ids, image_fragment(&cfg), platform))
-}
-
 async fn prepare_image_layers(
     client: &Client,
     reference: &str,
@@ -473,20 +417,6 @@ pub async fn create_group(
     publish_group(client, built, &layers, target).await
 }
 
-/// Command-line fragment over an inherited one: env merged, other fields replaced when set.
-fn merge_fragment(base: ConfigFragment, over: &ConfigFragment) -> ConfigFragment {
-    let mut labels = base.labels;
-    labels.extend(over.labels.clone());
-    ConfigFragment {
-        env: merge_env(&base.env, &over.env),
-        workdir: over.workdir.clone().or(base.workdir),
-        entrypoint: over.entrypoint.clone().or(base.entrypoint),
-        cmd: over.cmd.clone().or(base.cmd),
-        user: over.user.clone().or(base.user),
-        labels,
-    }
-}
-
 async fn publish_group(
     client: &Client,
     built: BuiltGroup,
@@ -623,50 +553,5 @@ mod tests {
         let (p, sum) = convert_tar(&tp, s.path(), &WriterOptions::default()).unwrap();
         assert_eq!(sum.diff_id, Digest::sha256(&t1));
         assert!(std::fs::metadata(p).unwrap().len() > 0);
-    }
-
-    #[test]
-    fn fragments_merge() {
-        let base = ConfigFragment {
-            env: vec!["PATH=/usr/bin".into(), "A=1".into()],
-            cmd: Some(vec!["sh".into()]),
-            ..Default::default()
-        };
-        let over = ConfigFragment {
-            env: vec!["PATH=/opt/bin".into()],
-            workdir: Some("/w".into()),
-            ..Default::default()
-        };
-        let m = merge_fragment(base, &over);
-        assert_eq!(m.env, vec!["PATH=/opt/bin:/usr/bin", "A=1"]);
-        assert_eq!(m.cmd, Some(vec!["sh".to_string()]));
-        assert_eq!(m.workdir.as_deref(), Some("/w"));
-        let cfg = serde_json::json!({"config": {"Env": ["X=1"], "WorkingDir": "", "Cmd": ["a"]}});
-        let f = image_fragment(&cfg);
-        let g = GroupConfig {
-            version: 1,
-            kind: GroupKind::Task,
-            name: "t".into(),
-            platform: Platform::host(),
-            config: ConfigFragment {
-                workdir: Some("/w".into()),
-                ..Default::default()
-            },
-            diff_ids: vec![Digest::sha256(b"x")],
-        };
-        let (d, fr, _) =
-            source_config(MEDIA_TYPE_GROUP_CONFIG, &g.to_json(), &Platform::host()).unwrap();
-        assert_eq!((d.len(), fr.workdir.as_deref()), (1, Some("/w")));
-        let (d, _, p) = source_config(
-            "application/vnd.oci.image.config.v1+json",
-            br#"{"architecture":"arm64","os":"linux","rootfs":{"diff_ids":[]}}"#,
-            &Platform::host(),
-        )
-        .unwrap();
-        assert_eq!((d.len(), p.architecture.as_str()), (0, "arm64"));
-        assert_eq!(
-            (f.env.len(), f.workdir, f.cmd),
-            (1, None, Some(vec!["a".to_string()]))
-        );
     }
 }

@@ -15,6 +15,11 @@
 //! - [`inspect`]: layer sizes, entry counts, compression ratios, prefetch profile sizes.
 //! - [`prefetch`]: attach a start-up prefetch profile to an image (rewrites manifests only).
 //! - [`summary`]: reports and their tables.
+//! - groups and plans, the registry side of [`weenv_env`]: [`group`] (`group create`: layers
+//!   from a directory, tarball or image, written as weenv layers and pushed with the group
+//!   manifest), [`plan`] (resolve group references, publish a composed image by cross-repository
+//!   mounts), [`mutate`] (`group mutate`, and the at-init mutation of a container rootfs used by
+//!   `weenv run`), [`resolve_cache`] (the persisted reference → digest cache).
 //!
 //! Errors: [`ConvertError`] (error.rs), one enum for the crate's modules.
 
@@ -34,7 +39,6 @@ pub mod scratch;
 pub mod sink;
 pub mod source;
 pub mod stage;
-pub mod stats;
 pub mod summary;
 pub mod verify;
 

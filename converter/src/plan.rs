@@ -1,6 +1,6 @@
 //! `weenv-convert plan compose`: resolve a plan's group references (through the persisted
 //! [`ResolveCache`]), compose them into an ordinary OCI image with
-//! [`weenv_format::plan::compose`] (metadata only), and publish it: layers are mounted
+//! [`weenv_env::plan::compose`] (metadata only), and publish it: layers are mounted
 //! across repositories of the same registry (no byte passes through the client), then the
 //! config blob and the manifest are pushed.
 
@@ -8,8 +8,8 @@ use crate::resolve_cache::{Lookup, ResolveCache, ResolvePolicy};
 use bytes::Bytes;
 use std::collections::BTreeSet;
 use thiserror::Error;
-use weenv_format::group::{GroupConfig, Manifest, MEDIA_TYPE_OCI_MANIFEST};
-use weenv_format::plan::{compose, Composed, Plan, PlanError, ResolvedGroup};
+use weenv_env::group::{Manifest, MEDIA_TYPE_OCI_MANIFEST};
+use weenv_env::plan::{compose, Composed, Plan, PlanError, ResolvedGroup};
 use weenv_format::Digest;
 use weenv_registry::{Client, Reference, RegistryError};
 
@@ -31,13 +31,6 @@ pub enum PlanCmdError {
         reference: String,
         error: Box<RegistryError>,
     },
-    #[error("{reference} is not a weenv layer group (config media type {media_type:?}); publish it with `weenv-convert group create`")]
-    NotAGroup {
-        reference: String,
-        media_type: String,
-    },
-    #[error("group {reference}: {reason}")]
-    BadGroup { reference: String, reason: String },
     #[error(transparent)]
     Plan(#[from] PlanError),
     #[error("layer {digest} of group {group} is on registry {from}, but the target is on {to}: cross-registry mounts are impossible; publish the group on {to} first")]
@@ -85,32 +78,6 @@ fn reg_err(reference: &str, source: RegistryError) -> PlanCmdError {
     }
 }
 
-fn parse_group(
-    reference: &str,
-    manifest_digest: Digest,
-    manifest_bytes: &[u8],
-    config_bytes: &[u8],
-) -> Result<ResolvedGroup, PlanCmdError> {
-    let bad = |reason: String| PlanCmdError::BadGroup {
-        reference: reference.to_string(),
-        reason,
-    };
-    let manifest = Manifest::from_json(manifest_bytes).map_err(|e| bad(e.to_string()))?;
-    if !manifest.is_group() {
-        return Err(PlanCmdError::NotAGroup {
-            reference: reference.to_string(),
-            media_type: manifest.config.media_type,
-        });
-    }
-    let config = GroupConfig::from_json(config_bytes).map_err(|e| bad(e.to_string()))?;
-    Ok(ResolvedGroup {
-        reference: reference.to_string(),
-        manifest_digest,
-        manifest,
-        config,
-    })
-}
-
 /// Serve `reference` from the cache when the policy allows.
 fn from_cache(
     cache: &ResolveCache,
@@ -124,7 +91,7 @@ fn from_cache(
     let mbytes = cache.blob(&d)?;
     let m = Manifest::from_json(mbytes).ok()?;
     let cbytes = cache.blob(&m.config.digest)?;
-    parse_group(reference, d, mbytes, cbytes).ok()
+    ResolvedGroup::parse(reference, d, mbytes, cbytes).ok()
 }
 
 /// Fetch group manifest + config from the registry.
@@ -138,16 +105,7 @@ async fn fetch_group(
         .get_manifest(&r)
         .await
         .map_err(|e| reg_err(reference, e))?;
-    let m = Manifest::from_json(&blob.bytes).map_err(|e| PlanCmdError::BadGroup {
-        reference: reference.to_string(),
-        reason: e.to_string(),
-    })?;
-    if !m.is_group() {
-        return Err(PlanCmdError::NotAGroup {
-            reference: reference.to_string(),
-            media_type: m.config.media_type,
-        });
-    }
+    let m = ResolvedGroup::parse_manifest(reference, &blob.bytes)?;
     let config = match cache.blob(&m.config.digest) {
         Some(c) => c.to_vec(),
         None => client
@@ -156,7 +114,7 @@ async fn fetch_group(
             .map_err(|e| reg_err(reference, e))?
             .to_vec(),
     };
-    let g = parse_group(reference, blob.digest.clone(), &blob.bytes, &config)?;
+    let g = ResolvedGroup::parse(reference, blob.digest.clone(), &blob.bytes, &config)?;
     Ok((g, blob.bytes.to_vec(), config))
 }
 

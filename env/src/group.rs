@@ -12,11 +12,11 @@
 //! [`Descriptor`]) so the format crate stays free of registry/oci-spec dependencies, and
 //! [`canonical_json`] which every emitted blob goes through (stable bytes, stable digests).
 
-use crate::Digest;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt;
 use thiserror::Error;
+use weenv_format::Digest;
 
 /// Media type (and `artifactType`) of a layer group's config blob.
 pub const MEDIA_TYPE_GROUP_CONFIG: &str = "application/vnd.weenv.group.config.v1+json";
@@ -391,11 +391,15 @@ mod tests {
     #[test]
     fn build_group_is_deterministic() {
         let layer = Descriptor {
-            media_type: crate::MEDIA_TYPE_LAYER_ZSTD.into(),
+            media_type: weenv_format::MEDIA_TYPE_LAYER_ZSTD.into(),
             digest: Digest::sha256(b"blob"),
             size: 4,
             artifact_type: None,
-            annotations: [(crate::ANNOTATION_TOC_DIGEST.to_string(), "x".to_string())].into(),
+            annotations: [(
+                weenv_format::ANNOTATION_TOC_DIGEST.to_string(),
+                "x".to_string(),
+            )]
+            .into(),
             urls: vec![],
         };
         let a = build_group(sample_config(), vec![layer.clone()]).unwrap();

@@ -29,10 +29,10 @@ use crate::group::{
     canonical_json, ConfigFragment, Descriptor, GroupConfig, Manifest, MEDIA_TYPE_OCI_CONFIG,
     MEDIA_TYPE_OCI_MANIFEST,
 };
-use crate::Digest;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use thiserror::Error;
+use weenv_format::Digest;
 
 /// Current plan file version.
 pub const PLAN_VERSION: u32 = 1;
@@ -294,6 +294,43 @@ pub struct ResolvedGroup {
     pub manifest_digest: Digest,
     pub manifest: Manifest,
     pub config: GroupConfig,
+}
+
+impl ResolvedGroup {
+    /// Check that `manifest_bytes` is a layer group's manifest (before its config is fetched).
+    pub fn parse_manifest(reference: &str, manifest_bytes: &[u8]) -> Result<Manifest, PlanError> {
+        let manifest = Manifest::from_json(manifest_bytes).map_err(|e| PlanError::BadGroup {
+            reference: reference.to_string(),
+            reason: e.to_string(),
+        })?;
+        if !manifest.is_group() {
+            return Err(PlanError::NotAGroup {
+                reference: reference.to_string(),
+                media_type: manifest.config.media_type,
+            });
+        }
+        Ok(manifest)
+    }
+
+    /// A group from its manifest and config bytes, as fetched for `reference`.
+    pub fn parse(
+        reference: &str,
+        manifest_digest: Digest,
+        manifest_bytes: &[u8],
+        config_bytes: &[u8],
+    ) -> Result<Self, PlanError> {
+        let manifest = Self::parse_manifest(reference, manifest_bytes)?;
+        let config = GroupConfig::from_json(config_bytes).map_err(|e| PlanError::BadGroup {
+            reference: reference.to_string(),
+            reason: e.to_string(),
+        })?;
+        Ok(ResolvedGroup {
+            reference: reference.to_string(),
+            manifest_digest,
+            manifest,
+            config,
+        })
+    }
 }
 
 /// Merge `upper` env entries over `lower` (both `KEY=VALUE`, order kept, first position wins).
@@ -585,7 +622,7 @@ mod tests {
         let descs: Vec<Descriptor> = layers
             .iter()
             .map(|b| Descriptor {
-                media_type: crate::MEDIA_TYPE_LAYER_ZSTD.into(),
+                media_type: weenv_format::MEDIA_TYPE_LAYER_ZSTD.into(),
                 digest: Digest::sha256(b),
                 size: b.len() as u64,
                 artifact_type: None,

@@ -17,8 +17,8 @@ use weenv_converter::mutate::{mutate_group, MutateSpec};
 use weenv_converter::plan::{compose_plan, parse_ref, publish_composed};
 use weenv_converter::registry_config;
 use weenv_converter::resolve_cache::{ResolveCache, ResolvePolicy};
-use weenv_format::group::{ConfigFragment, GroupKind};
-use weenv_format::plan::Plan;
+use weenv_env::group::{ConfigFragment, GroupKind};
+use weenv_env::plan::Plan;
 use weenv_format::writer::WriterOptions;
 use weenv_integration::containerd::{Containerd, ContainerdOptions};
 use weenv_integration::images;
@@ -163,7 +163,7 @@ async fn publish_groups() -> Result<Published> {
     };
     images::push_oci_layout(&img, &format!("{}/src/python:1", reg.host()))?;
     let src = format!("{host}/src/python:1");
-    let host_p = weenv_format::group::Platform::host();
+    let host_p = weenv_env::group::Platform::host();
     let (m, _) = client
         .get_image_manifest(&parse_ref(&src)?, &host_p.os, &host_p.architecture, None)
         .await?;
@@ -418,8 +418,8 @@ async fn lazy_upgrade_fetches_only_the_new_harness() -> Result<()> {
         .collect();
     let fetched: u64 = blob_gets.iter().map(|r| r.response_bytes).sum();
     let env2_manifest = p.client.get_manifest(&parse_ref(&env2)?).await?;
-    let m: weenv_format::group::Manifest =
-        weenv_format::group::Manifest::from_json(&env2_manifest.bytes)?;
+    let m: weenv_env::group::Manifest =
+        weenv_env::group::Manifest::from_json(&env2_manifest.bytes)?;
     ensure!(env2_manifest.digest.to_string() == d2);
     let other_layers: Vec<String> = m
         .layers

@@ -17,7 +17,7 @@ use weenv_converter::mutate::{mutate_group, MutateSpec};
 use weenv_converter::plan::parse_ref;
 use weenv_converter::registry_config;
 use weenv_converter::resolve_cache::ResolvePolicy;
-use weenv_format::group::{ConfigFragment, GroupKind};
+use weenv_env::group::{ConfigFragment, GroupKind};
 use weenv_format::writer::WriterOptions;
 use weenv_integration::containerd::{Containerd, ContainerdOptions};
 use weenv_integration::images;

@@ -16,7 +16,7 @@ use thiserror::Error;
 use weenv_converter::mutate::{apply_mutation_to_dir, MutateError};
 use weenv_converter::plan::{compose_plan, parse_ref, publish_composed, PlanCmdError};
 use weenv_converter::resolve_cache::{unix_secs, ResolveCache, ResolvePolicy};
-use weenv_format::plan::{Mutation, Plan, PlanError};
+use weenv_env::plan::{Mutation, Plan, PlanError};
 use weenv_registry::Client;
 
 /// Errors of `weenv run`.
