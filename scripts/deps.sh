@@ -5,7 +5,7 @@
 set -euo pipefail
 
 WEENV_APT_PACKAGES=(
-  protobuf-compiler libprotobuf-dev  # protoc + well-known .protos: build.rs of containerd crates
+  protobuf-compiler libprotobuf-dev  # protoc + well-known .protos: build.rs of containerd-client and of weenv-snapshotter (generated Snapshots server)
   fuse3               # fusermount3 for the snapshotter's FUSE mounts
   containerd runc     # stock containerd + runc for end-to-end tests
   umoci busybox-static skopeo   # offline test images, OCI layout <-> registry copies

@@ -399,7 +399,7 @@ async fn a_layer_over_a_limit_fails_its_prepare() {
     assert!(e.to_string().contains(D4) && e.to_string().contains("over the limit"));
     assert_eq!(
         crate::grpc::status_of(&e).code(),
-        containerd_snapshots::tonic::Code::ResourceExhausted
+        tonic::Code::ResourceExhausted
     );
     assert!(
         s.stat("ns/1/extract").is_err(),
