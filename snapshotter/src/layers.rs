@@ -217,6 +217,7 @@ impl LayerStore {
             ttl: Duration::from_secs(24 * 3600),
             root_ttl: Duration::from_secs(1),
             mounted_at: SystemTime::now(),
+            probe: Default::default(),
         });
         let mut fc = Config::default();
         fc.mount_options = vec![
@@ -237,6 +238,19 @@ impl LayerStore {
                 error: source,
             })?;
         let notifier = Some(session.notifier());
+        {
+            // Off the start path: the probe holds one lookup for a few hundred ms.
+            let (st, mp) = (st.clone(), cfg.mountpoint.clone());
+            let probe = std::thread::Builder::new()
+                .name("fuse-interrupts".into())
+                .spawn(move || {
+                    let ok = crate::fs::interrupt::disable_interrupts(&mp, &st.probe);
+                    tracing::debug!(ok, "FUSE INTERRUPT probe (the kernel stops sending interrupts)");
+                });
+            if let Err(e) = probe {
+                tracing::warn!(error = %e, "cannot start the FUSE INTERRUPT probe");
+            }
+        }
         tracing::info!(
             mountpoint = %cfg.mountpoint.display(),
             passthrough = st.passthrough.active(),

@@ -11,6 +11,7 @@
 //! no FUSE loop ever waits on the network. Nothing here panics on a request path.
 
 pub mod inode;
+pub mod interrupt;
 pub mod layer;
 pub mod ops;
 pub mod passthrough;
@@ -144,6 +145,14 @@ impl Filesystem for WeenvFs {
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let mut op = self.st.metrics.op(FuseOp::Lookup);
+        if parent.0 == ROOT_INO && name == interrupt::PROBE_NAME && self.st.probe.held() {
+            // Answered late, so the kernel's INTERRUPT for it finds it pending.
+            self.st.rt.spawn(async move {
+                tokio::time::sleep(interrupt::HOLD).await;
+                reply.error(Errno::ENOENT);
+            });
+            return;
+        }
         match self.st.lookup_name(parent.0, name) {
             Ok((attr, ttl)) => reply.entry(&ttl, &attr, Generation(0)),
             // Layer content never changes: let the kernel cache the absence (node id 0 with a

@@ -39,6 +39,8 @@ pub struct FsState {
     /// Attr timeout of the mount root (its listing changes as layers come and go).
     pub root_ttl: Duration,
     pub mounted_at: SystemTime,
+    /// The INTERRUPT probe run right after mounting (see [`super::interrupt`]).
+    pub probe: super::interrupt::ProbeSlot,
 }
 
 /// What a read needs: the layer, the clipped chunks and the distinct frames.
