@@ -150,6 +150,11 @@ pub struct FillSection {
     /// quarantines the layer. Turn off only to measure the checks' cost. Default true.
     #[serde(default = "default_true")]
     pub check_headers: bool,
+    /// After a layer's fill and completion check, write it out as a native directory tree
+    /// (counted in `cache.disk_bytes`; its frames are dropped) that new mounts use as their
+    /// lowerdir instead of the FUSE directory. Default true.
+    #[serde(default = "default_true")]
+    pub native: bool,
 }
 
 /// Start-up prefetch: the frames an image's profile names (manifest annotation
@@ -318,6 +323,7 @@ impl Default for FillSection {
             read_ahead_bytes: None,
             dir_prefetch_frames: None,
             check_headers: true,
+            native: true,
         }
     }
 }

@@ -110,6 +110,7 @@ pub fn layer_store_config(cfg: &Config) -> LayerStoreConfig {
                 prefetch_concurrency: cfg.prefetch.concurrency,
                 prefetch_batch_bytes: cfg.prefetch.batch_bytes,
                 check_headers: cfg.fill.check_headers,
+                native: cfg.fill.native,
                 ..d
             }
         },

@@ -64,7 +64,7 @@ pub struct LayerStoreConfig {
     pub disk_cache_bytes: u64,
     /// Background fill, read-ahead and coalescing.
     pub fill: FillConfig,
-    /// FUSE worker threads (each with its own cloned /dev/fuse fd).
+    /// FUSE worker threads (sharing one /dev/fuse fd).
     pub fuse_threads: usize,
     /// Use FUSE passthrough for complete files when the kernel supports it.
     pub passthrough: bool,
@@ -131,6 +131,8 @@ pub struct LayerStatus {
     pub claimed_diff_id: Option<Digest>,
     /// The completion check (stream sha256 = claimed diff_id) passed.
     pub verified: bool,
+    /// New mounts use the layer's native tree (see `fs::native`).
+    pub native: bool,
     /// Why the layer is quarantined (reads fail with EIO), if it is.
     pub quarantined: Option<String>,
 }
@@ -231,7 +233,12 @@ impl LayerStore {
         ];
         fc.acl = SessionACL::All;
         fc.n_threads = Some(cfg.fuse_threads.max(1));
-        fc.clone_fd = true;
+        // One /dev/fuse fd shared by the workers, not one cloned fd each: the kernel finds
+        // the request an answer is for only in the queue of the fd it was read from, and an
+        // INTERRUPT is read by any worker; with cloned fds fuser's ENOSYS for it mostly went
+        // to another fd than the request's (ENOENT, logged as `Failed to send FUSE reply`) and
+        // the kernel never learnt that interrupts are not supported (see `fs::interrupt`).
+        fc.clone_fd = false;
         let session = fuser::spawn_mount(WeenvFs { st: st.clone() }, &cfg.mountpoint, &fc)
             .map_err(|source| LayerError::Mount {
                 mountpoint: cfg.mountpoint.clone(),
@@ -245,7 +252,10 @@ impl LayerStore {
                 .name("fuse-interrupts".into())
                 .spawn(move || {
                     let ok = crate::fs::interrupt::disable_interrupts(&mp, &st.probe);
-                    tracing::debug!(ok, "FUSE INTERRUPT probe (the kernel stops sending interrupts)");
+                    tracing::debug!(
+                        ok,
+                        "FUSE INTERRUPT probe (the kernel stops sending interrupts)"
+                    );
                 });
             if let Err(e) = probe {
                 tracing::warn!(error = %e, "cannot start the FUSE INTERRUPT probe");
@@ -353,7 +363,17 @@ impl LayerStore {
                 }
             }
         };
-        if self.cfg.fill.enabled {
+        let native = self.cfg.fill.native && self.st.store.l2().has_native(digest);
+        if native {
+            // Built before a restart: the layer was complete and verified (the store's
+            // record restores `verified`; until then the tree is not used).
+            layer.native.store(true, Ordering::Release);
+            layer.fill.set_state(FillState::Done);
+            self.st
+                .metrics
+                .native_layers
+                .fetch_add(1, Ordering::Relaxed);
+        } else if self.cfg.fill.enabled {
             let mut fills = self.fills.lock();
             if !fills.contains_key(digest) {
                 // After the fill, before it reports Done: the completion check, then (if
@@ -363,6 +383,7 @@ impl LayerStore {
                     let min = (self.cfg.passthrough
                         && self.cfg.fill.materialise_min_bytes != u64::MAX)
                         .then_some(self.cfg.fill.materialise_min_bytes);
+                    let native = self.cfg.fill.native;
                     Some(Box::new(move || {
                         // The full TOC, for this check only (dropped right after).
                         match reload() {
@@ -384,6 +405,10 @@ impl LayerStore {
                             Err(e) => {
                                 tracing::warn!(error = %e, layer = %layer.digest, "completion check skipped: the layer's TOC could not be read again");
                             }
+                        }
+                        // Complete and verified: a native tree replaces the copies below.
+                        if native && crate::fs::native::switch(&st, &layer) {
+                            return;
                         }
                         let Some(min) = min else { return };
                         if !st.passthrough.active() || layer.quarantined() {
@@ -459,6 +484,7 @@ impl LayerStore {
     pub fn quarantine(&self, digest: &Digest, reason: String) {
         if let Some(l) = self.layer(digest) {
             l.quarantine(reason);
+            self.drop_native(&l);
         }
     }
 
@@ -466,7 +492,46 @@ impl LayerStore {
     pub fn restore_quarantine(&self, digest: &Digest, reason: String) {
         if let Some(l) = self.layer(digest) {
             l.trust.restore(reason);
+            self.drop_native(&l);
         }
+    }
+
+    /// A quarantined layer never stays native: the tree is unused from now on and deleted
+    /// once no snapshot's mount names it.
+    fn drop_native(&self, l: &Layer) {
+        l.native.store(false, Ordering::Release);
+        self.st.store.l2().remove_native(&l.digest);
+    }
+
+    /// The native tree of layer `digest`, if new mounts may use it as their lowerdir: it
+    /// exists, and the layer is exposed, verified and not quarantined.
+    pub fn native_dir(&self, digest: &Digest) -> Option<PathBuf> {
+        let l = self.layer(digest)?;
+        let l2 = self.st.store.l2();
+        (l.native_ok() && l2.has_native(digest)).then(|| l2.native_path(digest))
+    }
+
+    /// Where layer `digest`'s native tree lives (whether or not it exists).
+    pub fn native_path(&self, digest: &Digest) -> PathBuf {
+        self.st.store.l2().native_path(digest)
+    }
+
+    /// Pins (`hold`) or releases the native tree of `digest` for one snapshot whose mount
+    /// names it: a pinned tree is never evicted. False if there is no tree to pin.
+    pub fn hold_native(&self, digest: &Digest, hold: bool) -> bool {
+        let l2 = self.st.store.l2();
+        if hold {
+            l2.pin_native(digest)
+        } else {
+            l2.unpin_native(digest);
+            true
+        }
+    }
+
+    /// The live snapshots have pinned their trees again after a restart: trees no snapshot
+    /// names become evictable.
+    pub fn native_restored(&self) {
+        self.st.store.l2().native_restored();
     }
 
     /// Re-applies a passed completion check read from the store (after a restart, the same
@@ -563,6 +628,8 @@ impl LayerStore {
             let _ = n.inval_entry(INodeNo(ROOT_INO), OsStr::new(digest.hex()));
         }
         self.st.store.l2().remove_layer_files(digest);
+        // No snapshot names the layer any more (the caller checked), so neither its tree.
+        self.st.store.l2().remove_native(digest);
         tracing::info!(layer = %digest, "layer removed");
         Ok(())
     }
@@ -575,8 +642,10 @@ impl LayerStore {
             .iter()
             .map(|l| {
                 let (mut frames_cached, mut bytes_cached) = (0, 0);
+                let native = l.native_ok() && l2.has_native(&l.digest);
                 for f in &l.frames.frames {
-                    if l2.contains(&f.digest) {
+                    // A native layer holds every byte in its tree (its frames are dropped).
+                    if native || l2.contains(&f.digest) {
                         frames_cached += 1;
                         bytes_cached += f.ulen;
                     }
@@ -597,6 +666,7 @@ impl LayerStore {
                     prefetch_error: l.prefetch.last_error(),
                     claimed_diff_id: l.trust.claim(),
                     verified: l.trust.verified(),
+                    native,
                     quarantined: l.trust.reason(),
                 }
             })

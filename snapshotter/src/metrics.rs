@@ -118,6 +118,8 @@ pub struct Metrics {
     pub header_checks: AtomicU64,
     /// Layers whose completion check (full tar walk + diff_id) passed.
     pub layers_verified: AtomicU64,
+    /// Layers switched to a native tree (built, or found after a restart).
+    pub native_layers: AtomicU64,
     fuse_ops: [AtomicU64; 13],
     fuse_errors: [AtomicU64; 13],
     /// Fetch latency (seconds), a prometheus-client histogram (shared, cheap to clone).
@@ -204,7 +206,7 @@ impl Metrics {
     /// Prometheus text exposition (version 0.0.4), encoded by prometheus-client.
     pub fn render(&self) -> String {
         let mut e = Exposition::new();
-        let counters: [(&'static str, &'static str, &AtomicU64); 17] = [
+        let counters: [(&'static str, &'static str, &AtomicU64); 18] = [
             (
                 "weenv_fetch_bytes_on_demand_total",
                 "Compressed bytes fetched for on-demand reads.",
@@ -284,6 +286,11 @@ impl Metrics {
                 "weenv_layer_verified_total",
                 "Layers whose completion check (tar walk + diff_id) passed.",
                 &self.layers_verified,
+            ),
+            (
+                "weenv_native_layers_total",
+                "Layers switched to a native tree (new mounts use it as their lowerdir).",
+                &self.native_layers,
             ),
             (
                 "weenv_fetch_latency_observations_total",

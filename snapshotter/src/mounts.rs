@@ -6,9 +6,69 @@
 //! - otherwise `overlay` with `index=off` (+ `workdir=`, `upperdir=` when active) and
 //!   `lowerdir=` the parent chain's dirs, nearest parent first.
 //!
-//! Parent dirs are plain directories or FUSE layer directories; the caller resolves them.
+//! Parent dirs are plain directories, FUSE layer directories or native trees of complete
+//! layers; [`native_for_new`] decides, when an active or view snapshot is created, which of
+//! its remote parents it mounts from their native tree (the decision is recorded with the
+//! snapshot and holds for its life: a container that started on a FUSE lower keeps it).
 
+use crate::remote::LayerProvider;
+use crate::store::SnapshotRecord;
 use std::path::{Path, PathBuf};
+use weenv_format::Digest;
+
+/// The layers of the parent chain (`chain`, nearest first) whose native tree a new active
+/// or view snapshot mounts: remote parents whose layer has a usable tree, each tree pinned
+/// once for the snapshot (release with [`release_native`]).
+pub fn native_for_new(layers: Option<&dyn LayerProvider>, chain: &[SnapshotRecord]) -> Vec<String> {
+    let Some(layers) = layers else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for r in chain {
+        let Some(d) = r
+            .remote
+            .as_ref()
+            .and_then(|r| r.digest.parse::<Digest>().ok())
+        else {
+            continue;
+        };
+        if !out.contains(&d.to_string())
+            && layers.native_dir(&d).is_some()
+            && layers.hold_native(&d, true)
+        {
+            out.push(d.to_string());
+        }
+    }
+    out
+}
+
+/// Releases the pins [`native_for_new`] (or a restart, `hold`) took for a snapshot.
+pub fn hold_natives(layers: Option<&dyn LayerProvider>, native: &[String], hold: bool) {
+    let Some(layers) = layers else { return };
+    for d in native.iter().filter_map(|d| d.parse::<Digest>().ok()) {
+        layers.hold_native(&d, hold);
+    }
+}
+
+/// Releases the pins of a snapshot's native trees.
+pub fn release_native(layers: Option<&dyn LayerProvider>, native: &[String]) {
+    hold_natives(layers, native, false);
+}
+
+/// The lowerdir of `parent` for a snapshot that mounts the native trees of `native`: the
+/// tree when the parent's layer is one of them and the tree is there, else `None` (the
+/// parent's own dir).
+pub fn native_lower(
+    layers: Option<&dyn LayerProvider>,
+    native: &[String],
+    parent: &SnapshotRecord,
+) -> Option<PathBuf> {
+    let d = parent.remote.as_ref()?.digest.parse::<Digest>().ok()?;
+    if !native.contains(&d.to_string()) {
+        return None;
+    }
+    layers?.native_path(&d).filter(|p| p.is_dir())
+}
 
 /// One mount, converted to containerd's `types.Mount` at the gRPC edge.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -66,6 +126,92 @@ fn bind(dir: &Path, ro: &str) -> MountSpec {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::remote::{MountedLayer, RemoteError, RemoteLayerRequest};
+    use crate::store::{Kind, RemoteLayerRef};
+
+    /// Layers with a native tree under `root`, and the pins taken.
+    struct Natives {
+        root: PathBuf,
+        with_tree: Vec<String>,
+        pins: parking_lot::Mutex<std::collections::HashMap<String, i32>>,
+    }
+
+    #[async_trait::async_trait]
+    impl LayerProvider for Natives {
+        async fn mount(&self, _: &RemoteLayerRequest) -> Result<Option<MountedLayer>, RemoteError> {
+            Ok(None)
+        }
+        async fn remount(&self, d: &Digest) -> Result<MountedLayer, RemoteError> {
+            Err(RemoteError::NotCached {
+                digest: d.to_string(),
+            })
+        }
+        fn release(&self, _: &Digest) -> Result<(), RemoteError> {
+            Ok(())
+        }
+        fn native_dir(&self, d: &Digest) -> Option<PathBuf> {
+            self.with_tree
+                .contains(&d.to_string())
+                .then(|| self.root.join(d.hex()))
+        }
+        fn native_path(&self, d: &Digest) -> Option<PathBuf> {
+            Some(self.root.join(d.hex()))
+        }
+        fn hold_native(&self, d: &Digest, hold: bool) -> bool {
+            *self.pins.lock().entry(d.to_string()).or_default() += if hold { 1 } else { -1 };
+            true
+        }
+    }
+
+    fn remote(key: &str, digest: &Digest) -> SnapshotRecord {
+        SnapshotRecord {
+            key: key.into(),
+            id: 0,
+            kind: Kind::Committed,
+            parent: String::new(),
+            labels: Default::default(),
+            created_nanos: 0,
+            updated_nanos: 0,
+            size: 0,
+            inodes: 0,
+            remote: Some(RemoteLayerRef {
+                digest: digest.to_string(),
+                dir: PathBuf::from(format!("/mnt/{}", digest.hex())),
+                toc_digest: None,
+                diff_id: None,
+            }),
+            native: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn new_snapshots_mount_native_trees_of_complete_layers_and_pin_them() {
+        let t = tempfile::tempdir().unwrap();
+        let (a, b) = (Digest::sha256(b"a"), Digest::sha256(b"b"));
+        std::fs::create_dir_all(t.path().join(a.hex())).unwrap();
+        let p = Natives {
+            root: t.path().to_path_buf(),
+            with_tree: vec![a.to_string()],
+            pins: Default::default(),
+        };
+        let chain = [remote("top", &b), remote("base", &a)];
+        let native = native_for_new(Some(&p), &chain);
+        assert_eq!(native, vec![a.to_string()], "only the layer with a tree");
+        assert_eq!(p.pins.lock()[&a.to_string()], 1);
+        assert_eq!(
+            native_lower(Some(&p), &native, &chain[1]),
+            Some(t.path().join(a.hex()))
+        );
+        assert_eq!(native_lower(Some(&p), &native, &chain[0]), None, "FUSE dir");
+        // A snapshot created before the switch keeps its FUSE lowers.
+        assert_eq!(native_lower(Some(&p), &[], &chain[1]), None);
+        // A tree that vanished (deleted by hand) falls back to the FUSE dir.
+        std::fs::remove_dir(t.path().join(a.hex())).unwrap();
+        assert_eq!(native_lower(Some(&p), &native, &chain[1]), None);
+        release_native(Some(&p), &native);
+        assert_eq!(p.pins.lock()[&a.to_string()], 0);
+        assert!(native_for_new(None, &chain).is_empty());
+    }
 
     fn p(s: &str) -> PathBuf {
         PathBuf::from(s)

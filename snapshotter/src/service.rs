@@ -5,7 +5,9 @@
 //! overlayfs snapshotter; remote snapshots are committed records whose directory is a FUSE
 //! layer dir. The gRPC adapter (`grpc.rs`) only converts types and errors.
 
-use crate::mounts::{mounts_for, Access, MountSpec};
+use crate::mounts::{
+    hold_natives, mounts_for, native_for_new, native_lower, release_native, Access, MountSpec,
+};
 use crate::remote::identity::claim_fits_target;
 use crate::remote::{
     LayerProvider, RemoteError, RemoteLayerRequest, LABEL_TARGET, LABEL_WEENV_LAYER,
@@ -192,6 +194,11 @@ impl SnapshotService {
                 }
             }
         }
+        // Native trees named by live mounts are pinned again before any can be evicted.
+        for rec in self.store.list()? {
+            hold_natives(Some(layers.as_ref()), &rec.native, true);
+        }
+        layers.native_restored();
         Ok((ok, failed))
     }
 
@@ -237,15 +244,28 @@ impl SnapshotService {
                 .into())
             }
         };
-        let mut parents = Vec::new();
-        let mut p = rec.parent.clone();
-        while !p.is_empty() {
-            let prec = self.store.get(&p)?;
-            parents.push(self.layer_dir(&prec));
-            p = prec.parent;
-        }
+        let parents: Vec<PathBuf> = self
+            .chain(&rec.parent)?
+            .iter()
+            .map(|p| {
+                native_lower(self.layers.as_deref(), &rec.native, p)
+                    .unwrap_or_else(|| self.layer_dir(p))
+            })
+            .collect();
         let d = self.dir(rec.id);
         Ok(mounts_for(access, &d.join("fs"), &d.join("work"), &parents))
+    }
+
+    /// Snapshot `parent` and its ancestors, nearest first.
+    fn chain(&self, parent: &str) -> Result<Vec<SnapshotRecord>, SnapshotError> {
+        let mut out = Vec::new();
+        let mut p = parent.to_string();
+        while !p.is_empty() {
+            let prec = self.store.get(&p)?;
+            p = prec.parent.clone();
+            out.push(prec);
+        }
+        Ok(out)
     }
 
     /// Prepare an active snapshot; with remote labels and a weenv layer, commit a remote
@@ -382,6 +402,7 @@ impl SnapshotService {
             }),
             usage: (m.size, m.inodes),
             now_nanos: now_nanos(),
+            native: Vec::new(),
         })?;
         info!(target = %req.target, digest = %req.digest, dir = %m.dir.display(),
             "remote snapshot committed");
@@ -417,15 +438,21 @@ impl SnapshotService {
         labels: HashMap<String, String>,
         kind: Kind,
     ) -> Result<Vec<MountSpec>, SnapshotError> {
-        let rec = self.store.create(NewSnapshot {
-            key: key.to_string(),
-            parent: parent.to_string(),
-            kind,
-            labels: to_btree(labels),
-            remote: None,
-            usage: (0, 0),
-            now_nanos: now_nanos(),
-        })?;
+        // Complete layers with a native tree are mounted from it (pinned for this snapshot).
+        let native = native_for_new(self.layers.as_deref(), &self.chain(parent)?);
+        let rec = self
+            .store
+            .create(NewSnapshot {
+                key: key.to_string(),
+                parent: parent.to_string(),
+                kind,
+                labels: to_btree(labels),
+                remote: None,
+                usage: (0, 0),
+                now_nanos: now_nanos(),
+                native: native.clone(),
+            })
+            .inspect_err(|_| release_native(self.layers.as_deref(), &native))?;
         let d = self.dir(rec.id);
         let made = (|| {
             std::fs::create_dir_all(d.join("fs"))?;
@@ -438,6 +465,7 @@ impl SnapshotService {
         if let Err(e) = made {
             let _ = self.store.remove(key);
             let _ = std::fs::remove_dir_all(&d);
+            release_native(self.layers.as_deref(), &rec.native);
             return Err(e);
         }
         self.mounts_of(&rec)
@@ -458,11 +486,13 @@ impl SnapshotService {
         };
         self.store
             .commit(name, key, to_btree(labels), usage, now_nanos())?;
+        release_native(self.layers.as_deref(), &rec.native);
         Ok(())
     }
 
     pub fn remove(&self, key: &str) -> Result<(), SnapshotError> {
         let rec = self.store.remove(key)?;
+        release_native(self.layers.as_deref(), &rec.native);
         if rec.remote.is_none() {
             let d = self.dir(rec.id);
             if let Err(e) = std::fs::remove_dir_all(&d) {

@@ -44,6 +44,9 @@ pub struct LayerView {
     /// The completion check passed: the whole tar stream hashes to the claimed diff_id.
     #[serde(default)]
     pub verified: bool,
+    /// New mounts use the layer's native tree instead of its FUSE directory.
+    #[serde(default)]
+    pub native: bool,
     /// Why the layer is quarantined (every read of its files fails with EIO), if it is.
     #[serde(default)]
     pub quarantined: Option<String>,
@@ -137,6 +140,7 @@ pub fn report(store: &MetaStore, layers: &LayerStore) -> StatusReport {
             prefetch_error: l.prefetch_error,
             claimed_diff_id: l.claimed_diff_id.map(|d| d.to_string()),
             verified: l.verified,
+            native: l.native,
             quarantined: l.quarantined,
         })
         .collect();
@@ -262,9 +266,10 @@ pub fn render_text(r: &StatusReport) -> String {
         mib(m.in_flight)
     );
     let quarantined = r.layers.iter().filter(|l| l.quarantined.is_some()).count();
+    let native = r.layers.iter().filter(|l| l.native).count();
     let _ = writeln!(
         s,
-        "layers: {}{}",
+        "layers: {} ({native} native){}",
         r.layers.len(),
         if quarantined > 0 {
             format!(" ({quarantined} QUARANTINED)")
@@ -280,7 +285,7 @@ pub fn render_text(r: &StatusReport) -> String {
         };
         let _ = writeln!(
             s,
-            "  {}  {:>6} entries (TOC {:.1} MiB)  {:>9.1} MiB  cached {:5.1}%  fill {}{}{}{}",
+            "  {}  {:>6} entries (TOC {:.1} MiB)  {:>9.1} MiB  cached {:5.1}%  fill {}{}{}{}{}",
             &l.digest[..l.digest.len().min(19)],
             l.entries,
             mib(l.toc_bytes),
@@ -304,7 +309,8 @@ pub fn render_text(r: &StatusReport) -> String {
             } else {
                 String::new()
             },
-            if l.verified { "  verified" } else { "" }
+            if l.verified { "  verified" } else { "" },
+            if l.native { "  native" } else { "" }
         );
         if let Some(q) = &l.quarantined {
             let _ = writeln!(s, "    QUARANTINED (reads fail with EIO): {q}");
@@ -345,6 +351,7 @@ mod tests {
                 prefetch_error: None,
                 claimed_diff_id: Some("sha256:d".into()),
                 verified: false,
+                native: false,
                 quarantined: Some("diff_id mismatch: x".into()),
             }],
             cache: CacheView::default(),
@@ -361,7 +368,7 @@ mod tests {
         assert!(t.contains("cached  50.0%"), "{t}");
         assert!(t.contains("3 committed (2 remote)"));
         assert!(t.contains("prefetch 3/4 frames"), "{t}");
-        assert!(t.contains("layers: 1 (1 QUARANTINED)"), "{t}");
+        assert!(t.contains("layers: 1 (0 native) (1 QUARANTINED)"), "{t}");
         assert!(
             t.contains("QUARANTINED (reads fail with EIO): diff_id mismatch: x"),
             "{t}"

@@ -40,8 +40,8 @@ use weenv_format::Digest;
 /// Block size `du` counts in.
 const BLOCK: u64 = 4096;
 /// Directories always present: `cache_dir`, `frames`, `frames/tmp`, the 256 `frames/xx`
-/// fan-out directories (created on demand; accounted up front) and `files`.
-const FIXED_DIRS: u64 = 4 + 256;
+/// fan-out directories (created on demand; accounted up front), `files` and `native`.
+const FIXED_DIRS: u64 = 5 + 256;
 
 /// Bytes `du` charges for a file of `len` bytes (whole 4 KiB blocks). Pure.
 pub fn on_disk(len: u64) -> u64 {
@@ -57,6 +57,9 @@ enum Key {
     File(Digest, u32),
     /// The `files/<layer hex>` directory (removed with the layer's copies).
     LayerDir(Digest),
+    /// The native tree of a layer, `native/<layer hex>` (size: as `du` counts it; pinned
+    /// once per live snapshot whose mount names it, see [`crate::fs::native`]).
+    Native(Digest),
     /// The fixed directories (pinned for good).
     Dirs,
 }
@@ -66,6 +69,10 @@ enum Key {
 pub struct DiskCache {
     frames_dir: PathBuf,
     files_dir: PathBuf,
+    native_dir: PathBuf,
+    /// Native trees found at open, pinned until [`DiskCache::native_restored`] (the snapshots
+    /// naming them take their own pins first).
+    boot_pins: Mutex<Vec<Digest>>,
     lru: Mutex<Lru<Key>>,
     seq: AtomicU64,
     metrics: Arc<Metrics>,
@@ -135,6 +142,86 @@ impl Drop for FileReservation<'_> {
     }
 }
 
+/// Space reserved (and pinned) for a native tree being built in [`Self::tmp_path`]; dropped
+/// uncommitted, it releases the space and deletes the temp tree.
+pub struct NativeReservation<'a> {
+    cache: &'a DiskCache,
+    layer: Digest,
+    tmp: PathBuf,
+    committed: bool,
+}
+
+impl NativeReservation<'_> {
+    /// The directory to build the tree in (renamed into place by [`Self::commit`]).
+    pub fn tmp_path(&self) -> &Path {
+        &self.tmp
+    }
+
+    /// Renames the built tree into place, accounts its real size and makes it evictable.
+    pub fn commit(mut self) -> std::io::Result<PathBuf> {
+        let path = self.cache.native_path(&self.layer);
+        let size = tree_usage(&self.tmp);
+        fs::rename(&self.tmp, &path)?;
+        self.committed = true;
+        let key = Key::Native(self.layer.clone());
+        let evicted = {
+            let mut g = self.cache.lru.lock();
+            let mut ev = g.insert(key.clone(), size, false); // keeps the build's pin
+            ev.extend(g.unpin(&key));
+            ev
+        };
+        self.cache.delete(evicted);
+        Ok(path)
+    }
+}
+
+impl Drop for NativeReservation<'_> {
+    fn drop(&mut self) {
+        if !self.committed {
+            remove_tree_in_background(self.tmp.clone());
+            self.cache
+                .lru
+                .lock()
+                .remove(&Key::Native(self.layer.clone()));
+        }
+    }
+}
+
+/// Bytes `du` counts for the tree at `root` (allocated blocks, each inode once).
+pub fn tree_usage(root: &Path) -> u64 {
+    let mut seen = std::collections::HashSet::new();
+    let mut size = 0u64;
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(p) = stack.pop() {
+        let Ok(md) = fs::symlink_metadata(&p) else {
+            continue;
+        };
+        if seen.insert(md.ino()) {
+            size += md.blocks() * 512;
+        }
+        if md.is_dir() {
+            if let Ok(rd) = fs::read_dir(&p) {
+                stack.extend(rd.flatten().map(|e| e.path()));
+            }
+        }
+    }
+    size
+}
+
+fn remove_tree_in_background(path: PathBuf) {
+    let spawned = std::thread::Builder::new()
+        .name("remove-tree".into())
+        .spawn({
+            let path = path.clone();
+            move || {
+                let _ = fs::remove_dir_all(&path);
+            }
+        });
+    if spawned.is_err() {
+        let _ = fs::remove_dir_all(&path);
+    }
+}
+
 fn io_err<'a>(
     path: &'a Path,
     what: &'static str,
@@ -181,6 +268,8 @@ impl DiskCache {
         let tmp = frames_dir.join("tmp");
         mkdir(&tmp).map_err(io_err(&tmp, "create cache dir"))?;
         mkdir(&files_dir).map_err(io_err(&files_dir, "create cache dir"))?;
+        let native_dir = dir.join("native");
+        mkdir(&native_dir).map_err(io_err(&native_dir, "create cache dir"))?;
         scan(&tmp, |_| true);
         let mut found: Vec<(i64, Key, u64)> = Vec::new();
         for sub in fs::read_dir(&frames_dir)
@@ -213,17 +302,41 @@ impl DiskCache {
                 }
             }
         }
+        let mut boot_pins = Vec::new();
+        for sub in fs::read_dir(&native_dir)
+            .map_err(io_err(&native_dir, "list cache dir"))?
+            .flatten()
+        {
+            let name = sub.file_name().to_string_lossy().into_owned();
+            let layer = format!("sha256:{name}").parse::<Digest>();
+            match layer {
+                Ok(layer) if !name.starts_with('.') => {
+                    let mtime = sub.metadata().map(|m| m.mtime()).unwrap_or(0);
+                    let size = tree_usage(&sub.path());
+                    boot_pins.push(layer.clone());
+                    found.push((mtime, Key::Native(layer), size));
+                }
+                // Temp trees of an interrupted build, trees being deleted.
+                _ => remove_tree_in_background(sub.path()),
+            }
+        }
         found.sort_by_key(|(mtime, _, _)| *mtime);
         let mut lru = Lru::new(capacity);
         let mut evicted = lru.insert(Key::Dirs, FIXED_DIRS * BLOCK, true);
         for (_, k, len) in found {
-            let pin = matches!(k, Key::LayerDir(_));
-            let size = if pin { len } else { on_disk(len) };
+            let pin = matches!(k, Key::LayerDir(_) | Key::Native(_));
+            let size = if matches!(k, Key::LayerDir(_) | Key::Native(_)) {
+                len
+            } else {
+                on_disk(len)
+            };
             evicted.extend(lru.insert(k, size, pin));
         }
         let c = DiskCache {
             frames_dir,
             files_dir,
+            native_dir,
+            boot_pins: Mutex::new(boot_pins),
             lru: Mutex::new(lru),
             seq: AtomicU64::new(0),
             metrics,
@@ -422,8 +535,104 @@ impl DiskCache {
                 Key::File(l, n) => {
                     let _ = fs::remove_file(self.file_path(&l, n));
                 }
+                Key::Native(l) => {
+                    tracing::info!(layer = %l, "native tree evicted from the disk cache");
+                    self.trash_native(&l);
+                }
                 Key::LayerDir(_) | Key::Dirs => {} // pinned for good
             }
+        }
+    }
+
+    /// Where the native tree of `layer` lives (whether or not it exists).
+    pub fn native_path(&self, layer: &Digest) -> PathBuf {
+        self.native_dir.join(layer.hex())
+    }
+
+    /// True if the native tree of `layer` is in the cache.
+    pub fn has_native(&self, layer: &Digest) -> bool {
+        self.lru.lock().contains(&Key::Native(layer.clone()))
+    }
+
+    /// Pins the native tree of `layer` (a snapshot's mount names it); false if there is none.
+    pub fn pin_native(&self, layer: &Digest) -> bool {
+        let key = Key::Native(layer.clone());
+        let mut g = self.lru.lock();
+        g.touch(&key) && g.pin(&key)
+    }
+
+    /// Releases a pin of [`pin_native`](Self::pin_native).
+    pub fn unpin_native(&self, layer: &Digest) {
+        let evicted = self.lru.lock().unpin(&Key::Native(layer.clone()));
+        self.delete(evicted);
+    }
+
+    /// Drops the pins the trees found at open held (call once the live snapshots pinned theirs).
+    pub fn native_restored(&self) {
+        let pins = std::mem::take(&mut *self.boot_pins.lock());
+        for l in pins {
+            self.unpin_native(&l);
+        }
+    }
+
+    /// Reserves `estimate` bytes for a native tree of `layer` (pinned while it is built);
+    /// `Ok(None)` when it exists or cannot fit beside the pinned entries.
+    pub fn reserve_native(
+        &self,
+        layer: &Digest,
+        estimate: u64,
+    ) -> Result<Option<NativeReservation<'_>>, CacheError> {
+        let Some(ev) = self
+            .lru
+            .lock()
+            .reserve(Key::Native(layer.clone()), estimate)
+        else {
+            return Ok(None);
+        };
+        self.delete(ev);
+        let tmp = self.native_dir.join(format!(
+            ".tmp.{}.{}",
+            layer.hex(),
+            self.seq.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = fs::remove_dir_all(&tmp);
+        Ok(Some(NativeReservation {
+            cache: self,
+            layer: layer.clone(),
+            tmp,
+            committed: false,
+        }))
+    }
+
+    /// Forgets and deletes the native tree of `layer` unless a snapshot pins it; true if it
+    /// is gone.
+    pub fn remove_native(&self, layer: &Digest) -> bool {
+        let key = Key::Native(layer.clone());
+        {
+            let mut g = self.lru.lock();
+            if !g.contains(&key) {
+                return true;
+            }
+            if g.pinned(&key) {
+                return false;
+            }
+            g.remove(&key);
+        }
+        self.trash_native(layer);
+        true
+    }
+
+    /// Renames the tree out of the way at once (no new mount can name it) and deletes it in
+    /// the background (a big tree takes a while).
+    fn trash_native(&self, layer: &Digest) {
+        let from = self.native_path(layer);
+        let to = self.native_dir.join(format!(
+            ".trash.{}.{}",
+            layer.hex(),
+            self.seq.fetch_add(1, Ordering::Relaxed)
+        ));
+        if fs::rename(&from, &to).is_ok() {
+            remove_tree_in_background(to);
         }
     }
 
@@ -467,6 +676,49 @@ mod tests {
         let c = DiskCache::open(t.path(), cap, Arc::default()).unwrap();
         assert_eq!(c.get(&b, 4).unwrap().as_deref(), Some(&b"bbbb"[..]));
         assert_eq!(c.used(), DIRS + BLOCK);
+    }
+
+    #[test]
+    fn native_trees_share_the_cap_and_are_evicted_only_when_unpinned() {
+        let t = tempfile::tempdir().unwrap();
+        let cap = DIRS + 16 * BLOCK;
+        let c = DiskCache::open(t.path(), cap, Arc::default()).unwrap();
+        let layer = Digest::sha256(b"layer");
+        let r = c.reserve_native(&layer, 4 * BLOCK).unwrap().unwrap();
+        fs::create_dir_all(r.tmp_path().join("d")).unwrap();
+        fs::write(r.tmp_path().join("d/f"), [1u8; 5000]).unwrap();
+        assert!(
+            c.reserve_native(&layer, BLOCK).unwrap().is_none(),
+            "one build"
+        );
+        let path = r.commit().unwrap();
+        assert_eq!(path, c.native_path(&layer));
+        assert!(c.has_native(&layer) && path.join("d/f").is_file());
+        let tree = c.used() - DIRS;
+        assert_eq!(tree, tree_usage(&path), "accounted as du counts it");
+        // Pinned by a snapshot: frames cannot push it out.
+        assert!(c.pin_native(&layer));
+        for i in 0..20u8 {
+            c.put(&Digest::sha256(&[i]), &[i; 4096]).unwrap();
+        }
+        assert!(c.has_native(&layer) && path.exists());
+        assert!(!c.remove_native(&layer), "pinned trees stay");
+        // Reopened: found again, pinned until the snapshots pinned theirs.
+        drop(c);
+        let c = DiskCache::open(t.path(), cap, Arc::default()).unwrap();
+        assert!(c.has_native(&layer));
+        c.put(&Digest::sha256(b"x"), &[0; 15 * 4096]).unwrap();
+        assert!(c.has_native(&layer), "boot pin");
+        c.native_restored();
+        c.put(&Digest::sha256(b"y"), &[0; 15 * 4096]).unwrap();
+        assert!(!c.has_native(&layer), "unpinned tree evicted");
+        assert!(!c.native_path(&layer).exists(), "renamed away at once");
+        assert!(c.used() <= cap);
+        // A dropped reservation leaves nothing.
+        let r = c.reserve_native(&layer, BLOCK).unwrap().unwrap();
+        fs::create_dir_all(r.tmp_path()).unwrap();
+        drop(r);
+        assert!(!c.has_native(&layer));
     }
 
     #[test]

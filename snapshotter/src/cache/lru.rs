@@ -149,6 +149,11 @@ impl<K: Eq + Hash + Clone> Lru<K> {
         }
     }
 
+    /// True if `k` is present and pinned.
+    pub fn pinned(&self, k: &K) -> bool {
+        self.map.get(k).is_some_and(|n| n.pins > 0)
+    }
+
     /// Unpins `k` and returns keys evicted now that it may go.
     pub fn unpin(&mut self, k: &K) -> Vec<K> {
         if let Some(n) = self.map.get_mut(k) {

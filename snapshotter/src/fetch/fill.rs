@@ -75,6 +75,9 @@ pub struct FillConfig {
     /// `security.capability`); a mismatch quarantines the layer. Off only to measure what the
     /// checks cost (the completion check still runs). Default: true.
     pub check_headers: bool,
+    /// After a layer's fill and completion check, write it out as a native directory tree
+    /// and mount it in place of its FUSE directory (see `fs::native`). Default: true.
+    pub native: bool,
 }
 
 impl Default for FillConfig {
@@ -96,6 +99,7 @@ impl Default for FillConfig {
             prefetch_concurrency: 4,
             prefetch_batch_bytes: 1 << 20,
             check_headers: true,
+            native: true,
         }
     }
 }

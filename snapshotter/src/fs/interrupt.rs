@@ -3,12 +3,15 @@
 //! When a process waiting on a FUSE request gets a signal (Go programs such as containerd's
 //! shim and runc receive SIGURG preemption signals all the time), the kernel sends a
 //! `FUSE_INTERRUPT` for the request. fuser 0.18 does not pass interrupts to the filesystem:
-//! it answers each with ENOSYS. The kernel records "no interrupts" (`fc->no_interrupt`) only
-//! when that ENOSYS arrives while the interrupted request is still pending; the daemon's
-//! reads and lookups are answered in microseconds, so the ENOSYS nearly always came after the
-//! answer, the kernel refused it (`ENOENT`: unknown request) and fuser logged `ERROR
-//! fuser::reply: Failed to send FUSE reply: No such file or directory` — about four per lazy
-//! container start, and the kernel kept sending interrupts.
+//! it answers each with ENOSYS, on the fd it read the interrupt from. The kernel looks the
+//! interrupted request up in the processing queue of *that* fd, and records "no interrupts"
+//! (`fc->no_interrupt`) only when it finds it there, still pending. The session used one
+//! cloned fd per worker, so the ENOSYS mostly went to another fd than the request's, or came
+//! after the answer (the daemon answers in microseconds): the kernel refused it (`ENOENT`),
+//! fuser logged `ERROR fuser::reply: Failed to send FUSE reply: No such file or directory`
+//! (about four per lazy container start, measured: 7 in one run), and the kernel kept sending
+//! interrupts. The workers now share one fd (`layers.rs`), and the probe below makes the
+//! first interrupt arrive while its request is pending.
 //!
 //! Nothing here is interruptible anyway (every request is answered promptly or fails with
 //! EIO), so the session tells the kernel once, deterministically, right after it is mounted:

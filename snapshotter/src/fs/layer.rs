@@ -89,6 +89,8 @@ pub struct Layer {
     prefetch_claimed: parking_lot::Mutex<std::collections::BTreeSet<FrameIdx>>,
     /// Quarantine, claimed diff_id, checks done (see [`super::trust`]).
     pub trust: super::trust::LayerTrust,
+    /// The layer's native tree exists in the disk cache (see [`super::native`]).
+    pub native: AtomicBool,
 }
 
 impl Layer {
@@ -127,7 +129,16 @@ impl Layer {
             prefetch: Arc::new(PrefetchProgress::default()),
             prefetch_claimed: parking_lot::Mutex::new(std::collections::BTreeSet::new()),
             trust: super::trust::LayerTrust::new(table_len),
+            native: AtomicBool::new(false),
         })
+    }
+
+    /// True if reads and new mounts may use the layer's native tree: it exists, the layer
+    /// passed its completion check and is not quarantined.
+    pub fn native_ok(&self) -> bool {
+        self.native.load(std::sync::atomic::Ordering::Acquire)
+            && self.trust.verified()
+            && !self.quarantined()
     }
 
     /// The TOC entry node `node` was made from, rebuilt from the compact table (for checks

@@ -13,6 +13,7 @@
 pub mod inode;
 pub mod interrupt;
 pub mod layer;
+pub mod native;
 pub mod ops;
 pub mod passthrough;
 pub mod readahead;
@@ -219,14 +220,18 @@ impl Filesystem for WeenvFs {
         // background after an earlier open): copying a file inside open() put the copy and
         // its fsync on the reader's critical path (start-up, first warm read).
         // (Passthrough hands the bytes to the kernel: only once the header is checked.)
+        // A native layer's files are all complete (its tree), whatever their size.
+        let native = layer.native_ok();
         let complete = n.size() > 0
             && !trust::header_pending(&self.st, &layer, node)
             && self.st.passthrough.active()
-            && self
-                .st
-                .passthrough
-                .has_complete(self.st.store.l2(), &layer, node);
+            && (native
+                || self
+                    .st
+                    .passthrough
+                    .has_complete(self.st.store.l2(), &layer, node));
         if !complete
+            && !native
             && self.st.passthrough.active()
             && n.size() >= self.st.fill.materialise_min_bytes
         {
@@ -256,14 +261,19 @@ impl Filesystem for WeenvFs {
             OpenMode::Passthrough => {
                 let st = self.st.clone();
                 self.st.rt.spawn_blocking(move || {
-                    let path = match st.passthrough.materialise(st.store.l2(), &layer, node) {
-                        Ok(p) => p,
-                        Err(e) => {
-                            tracing::warn!(error = %e, layer = %layer.digest, node, "materialising a complete file failed");
-                            None
-                        }
+                    let (path, copy) = if native {
+                        let root = st.store.l2().native_path(&layer.digest);
+                        (native::node_path(&layer, &root, node), None)
+                    } else {
+                        let path = match st.passthrough.materialise(st.store.l2(), &layer, node) {
+                            Ok(p) => p,
+                            Err(e) => {
+                                tracing::warn!(error = %e, layer = %layer.digest, node, "materialising a complete file failed");
+                                None
+                            }
+                        };
+                        (path, Some((&layer.digest, node)))
                     };
-                    let copy = (&layer.digest, node);
                     if st.passthrough.reply_passthrough(reply, st.store.l2(), copy, ino.0, path.as_deref()) {
                         st.metrics.passthrough_opens.fetch_add(1, Ordering::Relaxed);
                     }
@@ -294,6 +304,17 @@ impl Filesystem for WeenvFs {
         };
         if plan.frames.is_empty() {
             return reply.data(&[]);
+        }
+        if plan.layer.native_ok() {
+            // Complete and verified: the bytes are in the native tree (its frames are gone).
+            if let Some(data) = self.st.read_native(&plan, offset, size) {
+                plan.layer.note_read(plan.node, offset, u64::from(size));
+                self.st
+                    .metrics
+                    .read_bytes_served
+                    .fetch_add(data.len() as u64, Ordering::Relaxed);
+                return reply.data(&data);
+            }
         }
         if self.st.fill.read_ahead_bytes > 0 {
             let ra = self.st.read_ahead_frames(&plan);

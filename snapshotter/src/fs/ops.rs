@@ -339,6 +339,27 @@ impl FsState {
         })
     }
 
+    /// `size` bytes at `offset` of the file of `plan`, from the layer's native tree; `None`
+    /// if the tree's file cannot be read (evicted: the caller takes the frame path).
+    pub fn read_native(&self, plan: &ReadPlan, offset: u64, size: u32) -> Option<Vec<u8>> {
+        use std::os::unix::fs::FileExt;
+        let root = self.store.l2().native_path(&plan.layer.digest);
+        let path = super::native::node_path(&plan.layer, &root, plan.node)?;
+        let f = std::fs::File::open(path).ok()?;
+        let mut buf = vec![0u8; size as usize];
+        let mut got = 0;
+        while got < buf.len() {
+            match f.read_at(&mut buf[got..], offset + got as u64) {
+                Ok(0) => break,
+                Ok(n) => got += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(_) => return None,
+            }
+        }
+        buf.truncate(got);
+        Some(buf)
+    }
+
     /// The bytes of `plan` if every frame is cached locally (L1, or L2 on local disk: the
     /// FUSE thread may do local I/O, as the kernel would with passthrough). `None` sends the
     /// read to the async path, which counts the misses.

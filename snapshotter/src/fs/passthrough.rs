@@ -251,18 +251,23 @@ impl Passthrough {
 
     /// Answers a reserved passthrough open with the complete copy of `node` of `layer` at
     /// `path` (None: it could not be made); the copy stays pinned in the disk cache until the
-    /// handle is released. Falls back to a cached open when the copy is gone or the kernel
-    /// refuses the backing file.
+    /// handle is released. `copy` None: `path` is a file of a native tree (nothing to pin).
+    /// Falls back to a cached open when the copy is gone or the kernel refuses the backing
+    /// file.
     pub fn reply_passthrough(
         &self,
         reply: ReplyOpen,
         l2: &DiskCache,
-        (layer, node): (&Digest, u32),
+        copy: Option<(&Digest, u32)>,
         ino: u64,
         path: Option<&Path>,
     ) -> bool {
-        let pinned = path.is_some() && l2.pin_file(layer, node);
-        let file = match path.filter(|_| pinned).map(File::open) {
+        let pinned = match copy {
+            Some((layer, node)) => path.is_some() && l2.pin_file(layer, node),
+            None => false,
+        };
+        let usable = pinned || (copy.is_none() && path.is_some());
+        let file = match path.filter(|_| usable).map(File::open) {
             Some(Ok(f)) => Some(f),
             Some(Err(e)) => {
                 tracing::warn!(error = %e, "cannot open complete file; serving through FUSE");
@@ -289,7 +294,7 @@ impl Passthrough {
             (None, None) => None,
         };
         let Some(id) = id else {
-            if pinned {
+            if let (true, Some((layer, node))) = (pinned, copy) {
                 l2.unpin_file(layer, node);
             }
             // Downgrade the reservation; a cached open is valid now only if no passthrough
@@ -308,7 +313,9 @@ impl Passthrough {
         drop(g);
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         // Registered before the reply: a release may arrive on another thread right after it.
-        let copy = pinned.then(|| (layer.clone(), node));
+        let copy = copy
+            .filter(|_| pinned)
+            .map(|(layer, node)| (layer.clone(), node));
         self.open.lock().insert(fh, (id.clone(), copy));
         reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), &id);
         true

@@ -141,6 +141,21 @@ pub trait LayerProvider: Send + Sync + 'static {
     fn quarantined(&self, _digest: &Digest) -> Option<String> {
         None
     }
+    /// The native tree of layer `digest` if new mounts may use it (see `fs::native`).
+    fn native_dir(&self, _digest: &Digest) -> Option<std::path::PathBuf> {
+        None
+    }
+    /// Where layer `digest`'s native tree lives (whether or not it exists).
+    fn native_path(&self, _digest: &Digest) -> Option<std::path::PathBuf> {
+        None
+    }
+    /// Pins (`hold`) or releases layer `digest`'s native tree for one snapshot whose mount
+    /// names it; false if there is no tree to pin.
+    fn hold_native(&self, _digest: &Digest, _hold: bool) -> bool {
+        false
+    }
+    /// Called once the live snapshots pinned their trees again after a restart.
+    fn native_restored(&self) {}
 }
 
 #[cfg(test)]

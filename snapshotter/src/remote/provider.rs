@@ -491,6 +491,22 @@ impl LayerProvider for WeenvLayers {
         });
     }
 
+    fn native_dir(&self, d: &Digest) -> Option<std::path::PathBuf> {
+        self.inner.layers.native_dir(d)
+    }
+
+    fn native_path(&self, d: &Digest) -> Option<std::path::PathBuf> {
+        Some(self.inner.layers.native_path(d))
+    }
+
+    fn hold_native(&self, d: &Digest, hold: bool) -> bool {
+        self.inner.layers.hold_native(d, hold)
+    }
+
+    fn native_restored(&self) {
+        self.inner.layers.native_restored();
+    }
+
     fn quarantined(&self, d: &Digest) -> Option<String> {
         let me = &self.inner;
         if let Some(r) = me.layers.quarantine_reason(d) {

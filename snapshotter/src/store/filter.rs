@@ -215,6 +215,7 @@ mod tests {
             size: 0,
             inodes: 0,
             remote: None,
+            native: Vec::new(),
         }
     }
 

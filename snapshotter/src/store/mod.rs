@@ -61,6 +61,8 @@ pub struct NewSnapshot {
     /// (bytes, inodes) reported by Usage for a committed (remote) snapshot.
     pub usage: (i64, i64),
     pub now_nanos: u64,
+    /// Layers whose native tree the snapshot's mount uses (see [`SnapshotRecord::native`]).
+    pub native: Vec<String>,
 }
 
 impl MetaStore {
@@ -161,6 +163,7 @@ impl MetaStore {
                 size: new.usage.0,
                 inodes: new.usage.1,
                 remote: new.remote.clone(),
+                native: new.native.clone(),
             };
             t.insert(new.key.as_str(), encode(&rec).as_slice())
                 .map_err(|e| self.err(e))?;
@@ -206,6 +209,7 @@ impl MetaStore {
                 updated_nanos: now_nanos,
                 size: usage.0,
                 inodes: usage.1,
+                native: Vec::new(), // a committed snapshot is not mounted
                 ..active
             };
             t.remove(key).map_err(|e| self.err(e))?;

@@ -61,6 +61,11 @@ pub struct SnapshotRecord {
     /// Set for remote (FUSE-backed) committed snapshots.
     #[serde(default)]
     pub remote: Option<RemoteLayerRef>,
+    /// Active and view snapshots: the layers (digests) whose native tree this snapshot's
+    /// mount uses as lowerdir instead of the FUSE directory (decided when it was created;
+    /// the trees are pinned while the snapshot lives).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub native: Vec<String>,
 }
 
 /// What we know about a layer blob.

@@ -18,6 +18,7 @@ fn new(key: &str, parent: &str, kind: Kind) -> NewSnapshot {
         remote: None,
         usage: (0, 0),
         now_nanos: 1,
+        native: Vec::new(),
     }
 }
 
