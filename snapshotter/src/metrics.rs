@@ -147,6 +147,7 @@ impl Default for Metrics {
             layers_quarantined: AtomicU64::default(),
             header_checks: AtomicU64::default(),
             layers_verified: AtomicU64::default(),
+            native_layers: AtomicU64::default(),
             fuse_ops: Default::default(),
             fuse_errors: Default::default(),
             latency: Histogram::new(LATENCY_BUCKETS),
