@@ -507,6 +507,7 @@ mod tests {
             size: 0,
             inodes: 0,
             remote: None,
+            native: Vec::new(),
         }
     }
 
