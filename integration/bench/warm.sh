@@ -1,0 +1,174 @@
+#!/usr/bin/env bash
+# Warm node benchmark (issue 15): the image is already on the node (pulled, background fill
+# done), page cache dropped before each measurement. One containerd with three snapshotters,
+# measured in the same run, alternating per round:
+#   overlayfs    containerd's stock snapshotter, full pull (the reference)
+#   weenv-fuse   a weenv daemon with `fill.native = false`: complete layers through FUSE
+#                (passthrough for files >= 256 KiB, FUSE reads for the rest)
+#   weenv-native a weenv daemon with `fill.native = true` (default): complete layers mounted
+#                from their native trees
+# Workloads (inside a fresh container each): read every file (`find / -xdev -type f | xargs
+# cat`), `find / -xdev | wc -l`, and a python start (`ctr run --rm ... python3 -c 'import
+# json'`, timed on the host: container creation + start + exit). Reported: medians of $RUNS
+# rounds and the speed relative to overlayfs (overlayfs time / weenv time; 1.0 = as fast).
+# The registry is local and unshaped (nothing is fetched once the images are warm).
+#
+# Needs root, containerd, ctr, runc, docker-registry, skopeo, fuse3 and the workspace binaries
+# (release for the published numbers):
+#   cargo build --release -p weenv-snapshotter -p weenv-converter
+#   WEENV_BIN=target/release integration/bench/warm.sh [OCI_LAYOUT:TAG]
+# Default image: the cached Debian+python3 test image (integration/src/images.rs).
+set -euo pipefail
+
+RUNS=${RUNS:-5}
+CMD=${CMD:-"import json, sys; print(json.dumps({'ok': 1}))"}
+BIN=${WEENV_BIN:-$(cd "$(dirname "$0")/../.." && pwd)/target/debug}
+W=$(mktemp -d /var/tmp/weenv-warm.XXXXXX)
+IMG=${1:-}
+if [ -z "$IMG" ]; then
+    layout=$(ls -d /var/tmp/weenv-test-images/python-v*/oci 2>/dev/null | sort -V | tail -1)
+    [ -n "$layout" ] || { echo "no cached python image: run the snapshotter_python test once" >&2; exit 2; }
+    IMG="$layout:python"
+fi
+for b in containerd ctr runc docker-registry skopeo; do command -v $b >/dev/null || { echo "missing $b" >&2; exit 2; }; done
+for b in weenv-snapshotter weenv weenv-convert; do [ -x "$BIN/$b" ] || { echo "missing $BIN/$b (cargo build)" >&2; exit 2; }; done
+
+PIDS=()
+umount_below() { { grep -o " $1[^ ]*" /proc/self/mounts || true; } | sort -r | while read -r m; do umount -l "$m" || true; done; }
+cleanup() {
+    set +e
+    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
+    sleep 1
+    umount_below "$W"
+    rm -rf "$W"
+}
+trap cleanup EXIT
+log() { echo "[$(date +%T)] $*" >&2; }
+now() { date +%s.%N; }
+median() { sort -g | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
+drop_caches() { sync; echo 3 > /proc/sys/vm/drop_caches; }
+
+# ---- registry ---------------------------------------------------------------------------
+PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+REG="127.0.0.1:$PORT"
+mkdir -p "$W/reg"
+cat > "$W/reg/config.yml" <<EOF
+version: 0.1
+log: {level: error}
+storage: {filesystem: {rootdirectory: $W/reg/data}}
+http: {addr: $REG}
+EOF
+docker-registry serve "$W/reg/config.yml" >"$W/reg/log" 2>&1 &
+PIDS+=($!)
+for _ in $(seq 50); do curl -s "http://$REG/v2/" >/dev/null 2>&1 && break; sleep 0.2; done
+skopeo copy -q --dest-tls-verify=false "oci:$IMG" "docker://$REG/bench:gz"
+"$BIN/weenv-convert" --plain-http "$REG" image "$REG/bench:gz" "$REG/bench:weenv" >"$W/convert.log" 2>&1
+log "registry $REG; converted: $(tail -1 "$W/convert.log")"
+
+# ---- two weenv daemons (native off / on) and one containerd ------------------------------
+start_daemon() { # $1 = name, $2 = native true|false
+    local d="$W/$1"
+    mkdir -p "$d"
+    cat > "$d/snap.toml" <<EOF
+version = 1
+root_dir = "$d/root"
+socket = "$d/snap.sock"
+log_level = "${SNAP_LOG:-warn}"
+[registry]
+plain_http = ["$REG"]
+hosts_dir = "$d/none"
+[cache]
+disk_bytes = 8589934592
+[fill]
+quiet_ms = 0
+native = $2
+[observability]
+listen = "unix:$d/status.sock"
+EOF
+    "$BIN/weenv-snapshotter" --config "$d/snap.toml" >"$d/snap.log" 2>&1 &
+    PIDS+=($!)
+    for _ in $(seq 100); do [ -S "$d/snap.sock" ] && return 0; sleep 0.1; done
+    echo "daemon $1 did not start" >&2; exit 1
+}
+start_daemon fuse false
+start_daemon native true
+cat > "$W/ctd.toml" <<EOF
+version = 2
+root = "$W/ctd/root"
+state = "$W/ctd/state"
+disabled_plugins = ["io.containerd.grpc.v1.cri"]
+[grpc]
+  address = "$W/ctd.sock"
+[ttrpc]
+  address = "$W/ctd.sock.ttrpc"
+[proxy_plugins.weenvfuse]
+  type = "snapshot"
+  address = "$W/fuse/snap.sock"
+[proxy_plugins.weenvnative]
+  type = "snapshot"
+  address = "$W/native/snap.sock"
+EOF
+containerd --config "$W/ctd.toml" >"$W/ctd.log" 2>&1 &
+PIDS+=($!)
+for _ in $(seq 100); do ctr -a "$W/ctd.sock" version >/dev/null 2>&1 && break; sleep 0.1; done
+C="ctr -a $W/ctd.sock"
+
+$C -n ovl images pull -q --plain-http "$REG/bench:gz" >/dev/null
+for k in fuse native; do
+    "$BIN/weenv" --config "$W/$k/snap.toml" pull -a "$W/ctd.sock" -n "$k" --snapshotter "weenv$k" \
+        --plain-http "$REG/bench:weenv" >/dev/null
+done
+# Warm: every layer filled and checked (and, for the native daemon, switched).
+for k in fuse native; do
+    for _ in $(seq 1200); do
+        s=$("$BIN/weenv" --config "$W/$k/snap.toml" status --json 2>/dev/null || true)
+        if ! echo "$s" | grep -q '"fill": *"\(running\|pending\)"'; then
+            [ "$k" = fuse ] && break
+            python3 -c 'import json,sys; l=json.load(sys.stdin)["layers"]; sys.exit(0 if l and all(x.get("native") for x in l) else 1)' <<<"$s" && break
+        fi
+        sleep 0.5
+    done
+    log "$k: $("$BIN/weenv" --config "$W/$k/snap.toml" status | grep '^layers')"
+done
+
+ALL_PY='import subprocess, time; t = time.time(); subprocess.run("find / -xdev -type f -print0 | xargs -0 cat > /dev/null", shell=True); print("%.3f" % (time.time() - t))'
+FIND_PY='import subprocess, time; t = time.time(); subprocess.run("find / -xdev | wc -l > /dev/null", shell=True); print("%.3f" % (time.time() - t))'
+
+run_in() { # $1 = kind, $2 = id, rest = command
+    local k=$1 id=$2; shift 2
+    case $k in
+        ovl) $C -n ovl run --rm "$REG/bench:gz" "$id" "$@" ;;
+        *) $C -n "$k" run --rm --snapshotter "weenv$k" "$REG/bench:weenv" "$id" "$@" ;;
+    esac
+}
+
+declare -A R
+for i in $(seq "$RUNS"); do
+    for k in ovl fuse native; do
+        drop_caches; R[${k}_all]+="$(run_in $k "a$i" python3 -c "$ALL_PY") "
+        drop_caches; R[${k}_find]+="$(run_in $k "f$i" python3 -c "$FIND_PY") "
+        drop_caches; t0=$(now); run_in $k "p$i" python3 -c "$CMD" >/dev/null; t1=$(now)
+        R[${k}_py]+="$(echo "$t1 - $t0" | bc) "
+    done
+    log "round $i done"
+done
+# Proof that the native daemon's containers mounted native trees, the other's FUSE dirs.
+$C -n native run -d --snapshotter weenvnative "$REG/bench:weenv" probe-n sleep 30 >/dev/null
+$C -n fuse run -d --snapshotter weenvfuse "$REG/bench:weenv" probe-f sleep 30 >/dev/null
+nat=$(grep "/probe-n/rootfs " /proc/mounts | grep -o 'lowerdir=[^,]*' | tr ':' '\n' | grep -c '/cache/native/' || true)
+fus=$(grep "/probe-f/rootfs " /proc/mounts | grep -o 'lowerdir=[^,]*' | tr ':' '\n' | grep -c "$W/fuse/root/mnt/" || true)
+log "lowerdirs: weenv-native container: $nat native trees; weenv-fuse container: $fus FUSE dirs"
+for c in n f; do $C -n "$([ $c = n ] && echo native || echo fuse)" task kill -s KILL "probe-$c" >/dev/null 2>&1 || true; done
+sleep 1
+for c in n f; do ns=$([ $c = n ] && echo native || echo fuse); $C -n $ns task rm -f "probe-$c" >/dev/null 2>&1 || true; $C -n $ns c rm "probe-$c" >/dev/null 2>&1 || true; done
+errs=$(cat "$W"/fuse/snap.log "$W"/native/snap.log | grep -c "Failed to send FUSE reply" || true)
+
+m() { echo "${R[$1]}" | tr ' ' '\n' | grep -v '^$' | median; }
+ratio() { echo "scale=2; $1 / $2" | bc; }
+printf '\n%-34s %10s %10s %10s %10s %10s\n' "warm, median of $RUNS (s)" overlayfs weenv-fuse ratio weenv-nat ratio
+for w in all:"read every file" find:"find / -xdev | wc -l" py:"python3 start (ctr run)"; do
+    key=${w%%:*} name=${w#*:}
+    o=$(m ovl_$key) f=$(m fuse_$key) n=$(m native_$key)
+    printf '%-34s %10s %10s %10s %10s %10s\n' "$name" "$o" "$f" "$(ratio "$o" "$f")" "$n" "$(ratio "$o" "$n")"
+done
+echo "(ratio = overlayfs time / weenv time: 1.00 = as fast as overlayfs; 'Failed to send FUSE reply' lines in the daemon logs: $errs)"
