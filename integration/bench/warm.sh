@@ -7,7 +7,7 @@
 #                (passthrough for files >= 256 KiB, FUSE reads for the rest)
 #   weenv-native a weenv daemon with `fill.native = true` (default): complete layers mounted
 #                from their native trees
-# Workloads (inside a fresh container each): read every file (`find / -xdev -type f | xargs
+# The order of the three rotates each round. Workloads (inside a fresh container each): read every file (`find / -xdev -type f | xargs
 # cat`), `find / -xdev | wc -l`, and a python start (`ctr run --rm ... python3 -c 'import
 # json'`, timed on the host: container creation + start + exit). Reported: medians of $RUNS
 # rounds and the speed relative to overlayfs (overlayfs time / weenv time; 1.0 = as fast).
@@ -143,8 +143,11 @@ run_in() { # $1 = kind, $2 = id, rest = command
 }
 
 declare -A R
+KINDS=(ovl fuse native)
 for i in $(seq "$RUNS"); do
-    for k in ovl fuse native; do
+    # Rotated each round, so no kind always runs first (or right after another's).
+    for j in 0 1 2; do
+        k=${KINDS[$(((i + j) % 3))]}
         drop_caches; R[${k}_all]+="$(run_in $k "a$i" python3 -c "$ALL_PY") "
         drop_caches; R[${k}_find]+="$(run_in $k "f$i" python3 -c "$FIND_PY") "
         drop_caches; t0=$(now); run_in $k "p$i" python3 -c "$CMD" >/dev/null; t1=$(now)
@@ -162,6 +165,9 @@ for c in n f; do $C -n "$([ $c = n ] && echo native || echo fuse)" task kill -s 
 sleep 1
 for c in n f; do ns=$([ $c = n ] && echo native || echo fuse); $C -n $ns task rm -f "probe-$c" >/dev/null 2>&1 || true; $C -n $ns c rm "probe-$c" >/dev/null 2>&1 || true; done
 errs=$(cat "$W"/fuse/snap.log "$W"/native/snap.log | grep -c "Failed to send FUSE reply" || true)
+
+ # HOLD=seconds: keep the stacks up for manual inspection before printing and cleaning up.
+if [ -n "${HOLD:-}" ]; then log "holding $W for $HOLD s"; sleep "$HOLD" || true; fi
 
 m() { echo "${R[$1]}" | tr ' ' '\n' | grep -v '^$' | median; }
 ratio() { echo "scale=2; $1 / $2" | bc; }
