@@ -133,7 +133,7 @@ fn tampered_frame_is_eio_and_repair_works() -> Result<()> {
     blob.write_all_at(&[b[0] ^ 0xff], at)?;
     let err = std::fs::read(dir.join(path)).expect_err("tampered frame must not be served");
     ensure!(
-        err.raw_os_error() == Some(libc::EIO),
+        err.raw_os_error() == Some(nix::errno::Errno::EIO as i32),
         "expected EIO, got {err}"
     );
     ensure!(fx.metrics.verification_failures.load(Ordering::Relaxed) >= 1);

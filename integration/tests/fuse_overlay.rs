@@ -63,18 +63,11 @@ fn overlay_over_fuse_layers() -> Result<()> {
         !ud.join("etc/.wh.hosts").exists() && !ud.join("opq/.wh..wh..opq").exists(),
         ".wh. entries hidden"
     );
-    let mut v = [0u8; 8];
-    let c = std::ffi::CString::new(ud.join("opq").as_os_str().as_encoded_bytes())?;
-    // SAFETY: NUL-terminated strings, writable buffer.
-    let n = unsafe {
-        libc::lgetxattr(
-            c.as_ptr(),
-            c"trusted.overlay.opaque".as_ptr(),
-            v.as_mut_ptr().cast(),
-            v.len(),
-        )
-    };
-    ensure!(n == 1 && v[0] == b'y', "opaque xattr on opq (n={n})");
+    let opaque = xattr::get(ud.join("opq"), "trusted.overlay.opaque")?;
+    ensure!(
+        opaque.as_deref() == Some(b"y".as_slice()),
+        "opaque xattr on opq ({opaque:?})"
+    );
 
     let merged = fx.dir.path().join("merged");
     let _ov = mount_overlay(

@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use nix::fcntl::{fcntl, FcntlArg, OFlag};
+use nix::pty::Winsize;
 use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
 use tracing::warn;
 
@@ -78,6 +79,7 @@ fn recv_fd(sock: RawFd) -> std::io::Result<OwnedFd> {
     for c in msg.cmsgs().map_err(std::io::Error::from)? {
         if let ControlMessageOwned::ScmRights(fds) = c {
             if let Some(fd) = fds.first() {
+                // nix's ScmRights hands out raw descriptors; taking ownership is ours to do.
                 // SAFETY: the kernel just installed this descriptor for us via SCM_RIGHTS;
                 // nothing else owns it.
                 return Ok(unsafe { OwnedFd::from_raw_fd(*fd) });
@@ -93,7 +95,7 @@ fn recv_fd(sock: RawFd) -> std::io::Result<OwnedFd> {
 pub fn open_fifo_read(path: &Path) -> std::io::Result<File> {
     let f = std::fs::OpenOptions::new()
         .read(true)
-        .custom_flags(libc::O_NONBLOCK)
+        .custom_flags(OFlag::O_NONBLOCK.bits())
         .open(path)?;
     let fl = OFlag::from_bits_retain(fcntl(&f, FcntlArg::F_GETFL)?);
     fcntl(&f, FcntlArg::F_SETFL(fl.difference(OFlag::O_NONBLOCK)))?;
@@ -132,18 +134,20 @@ pub fn start_copy(
     Ok(closer)
 }
 
+// `set_winsize(fd, *const Winsize)`: TIOCSWINSZ through nix's ioctl macro (errno to a nix
+// error). nix has no safe wrapper for it (no `tcsetwinsize`), so the call stays unsafe.
+nix::ioctl_write_ptr_bad!(set_winsize, libc::TIOCSWINSZ, Winsize);
+
 /// Sets the pty window size.
 pub fn resize(master: &File, width: u32, height: u32) -> std::io::Result<()> {
-    let ws = libc::winsize {
+    let ws = Winsize {
         ws_row: height.min(u16::MAX as u32) as u16,
         ws_col: width.min(u16::MAX as u32) as u16,
         ws_xpixel: 0,
         ws_ypixel: 0,
     };
-    // SAFETY: TIOCSWINSZ reads a winsize we own for the duration of the call.
-    let rc = unsafe { libc::ioctl(master.as_raw_fd(), libc::TIOCSWINSZ, &ws) };
-    if rc != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
+    // SAFETY: `master` is an open descriptor; TIOCSWINSZ only reads the winsize we own for
+    // the duration of the call.
+    unsafe { set_winsize(master.as_raw_fd(), &ws) }?;
     Ok(())
 }

@@ -154,6 +154,7 @@ pub struct LayerStore {
 /// free) and an arena's free top over 1 MiB is trimmed.
 pub fn tune_allocator() {
     #[cfg(target_env = "gnu")]
+    // Raw libc: nix does not wrap glibc's allocator tuning.
     // SAFETY: mallopt only sets allocator parameters; no pointer is passed.
     unsafe {
         libc::mallopt(libc::M_MMAP_THRESHOLD, 256 << 10);
@@ -165,6 +166,7 @@ pub fn tune_allocator() {
 /// glibc keeps freed chunks below the top of the heap mapped (RSS would stay at its peak).
 fn release_free_heap() {
     #[cfg(target_env = "gnu")]
+    // Raw libc: nix does not wrap malloc_trim.
     // SAFETY: malloc_trim only walks the allocator's own free lists; no pointer is passed.
     unsafe {
         libc::malloc_trim(0);

@@ -7,8 +7,6 @@
 use anyhow::{bail, Context, Result};
 use sha2::{Digest as _, Sha256};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::ffi::CString;
-use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -248,27 +246,15 @@ pub struct Info {
 }
 
 fn xattrs_of(p: &Path) -> Result<BTreeMap<String, Vec<u8>>> {
-    let c = CString::new(p.as_os_str().as_bytes())?;
+    // nix does not wrap the xattr calls; the `xattr` crate's plain (not `_deref`) functions are
+    // llistxattr/lgetxattr.
     let mut out = BTreeMap::new();
-    let mut names = vec![0u8; 65536];
-    // Raw libc: nix does not wrap the xattr calls.
-    // SAFETY: c is NUL-terminated; names is a writable buffer of the given length.
-    let n = unsafe { libc::llistxattr(c.as_ptr(), names.as_mut_ptr().cast(), names.len()) };
-    if n < 0 {
+    let Ok(names) = xattr::list(p) else {
         return Ok(out);
-    }
-    for name in names[..n as usize]
-        .split(|b| *b == 0)
-        .filter(|n| !n.is_empty())
-    {
-        let cn = CString::new(name)?;
-        let mut val = vec![0u8; 65536];
-        // SAFETY: both strings are NUL-terminated; val is writable for its length.
-        let m =
-            unsafe { libc::lgetxattr(c.as_ptr(), cn.as_ptr(), val.as_mut_ptr().cast(), val.len()) };
-        if m >= 0 {
-            val.truncate(m as usize);
-            out.insert(String::from_utf8_lossy(name).into_owned(), val);
+    };
+    for name in names {
+        if let Ok(Some(val)) = xattr::get(p, &name) {
+            out.insert(name.to_string_lossy().into_owned(), val);
         }
     }
     Ok(out)

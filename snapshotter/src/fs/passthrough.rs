@@ -158,10 +158,7 @@ impl Passthrough {
         }
         if !temps.is_empty() {
             let dir = File::open(l2.layer_dir(&layer.digest))?;
-            // SAFETY: syncfs on a valid, open descriptor; no memory is passed.
-            if unsafe { libc::syncfs(std::os::fd::AsRawFd::as_raw_fd(&dir)) } != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
+            nix::unistd::syncfs(&dir)?;
         }
         let n = temps.len();
         for r in temps {
