@@ -1,11 +1,14 @@
 //! The `weenv` CLI: `pull`, `status`, `profile`, `metrics`, `run`. Parsing and dispatch; the work is in
-//! [`crate::pull`] and [`crate::http`].
+//! [`crate::pull`], [`crate::run`] and the daemon's endpoint client
+//! (`weenv_snapshotter_api::client`).
 
-use crate::config::{parse_listen, Config, ListenAddr, DEFAULT_CONFIG_PATH};
 use crate::pull::{pull, PullOptions};
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
+use weenv_snapshotter_api::client as endpoint_client;
+use weenv_snapshotter_api::config::{parse_listen, Config, ListenAddr, DEFAULT_CONFIG_PATH};
+use weenv_snapshotter_api::status;
 
 /// weenv: user-facing helpers for the weenv snapshotter.
 #[derive(Parser, Debug)]
@@ -197,13 +200,13 @@ pub async fn run(cli: Cli) -> Result<()> {
             );
         }
         Cmd::Status { endpoint: e, json } => {
-            let body = crate::http::get(&endpoint(&cfg, &e)?, "/status").await?;
+            let body = endpoint_client::get(&endpoint(&cfg, &e)?, "/status").await?;
             if json {
                 println!("{body}");
             } else {
-                let r: crate::status::StatusReport =
+                let r: status::StatusReport =
                     serde_json::from_str(&body).context("parsing /status")?;
-                print!("{}", crate::status::render_text(&r));
+                print!("{}", status::render_text(&r));
             }
         }
         Cmd::Run(a) => {
@@ -257,23 +260,23 @@ pub async fn run(cli: Cli) -> Result<()> {
         } => {
             let addr = endpoint(&cfg, &e)?;
             if reset {
-                crate::http::request(&addr, "POST", "/profile/reset").await?;
+                endpoint_client::request(&addr, "POST", "/profile/reset").await?;
                 eprintln!("weenv profile: recording anew");
             } else {
-                let body = crate::http::get(&addr, "/profile").await?;
+                let body = endpoint_client::get(&addr, "/profile").await?;
                 if json {
                     println!("{body}");
                 } else {
-                    let r: crate::status::ProfileReport =
+                    let r: status::ProfileReport =
                         serde_json::from_str(&body).context("parsing /profile")?;
-                    print!("{}", crate::status::render_profile(&r, &layers));
+                    print!("{}", status::render_profile(&r, &layers));
                 }
             }
         }
         Cmd::Metrics { endpoint: e } => {
             print!(
                 "{}",
-                crate::http::get(&endpoint(&cfg, &e)?, "/metrics").await?
+                endpoint_client::get(&endpoint(&cfg, &e)?, "/metrics").await?
             );
         }
     }

@@ -1,4 +1,5 @@
-//! `weenv`: pull with remote-snapshot labels, status and metrics of the snapshotter.
+//! `weenv`: the user CLI (pull with remote-snapshot labels, run a plan, status, profile and
+//! metrics of the snapshotter). Wiring only: the commands are in the `weenv_cli` library.
 
 use clap::Parser;
 
@@ -11,7 +12,7 @@ async fn main() -> std::process::ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
-    match weenv_snapshotter::cli::run(weenv_snapshotter::cli::Cli::parse()).await {
+    match weenv_cli::commands::run(weenv_cli::commands::Cli::parse()).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             // Each cause once (messages that already say their cause are not repeated).

@@ -9,7 +9,6 @@
 //! (`gc.ref.snapshot.<snapshotter>` on the config, `gc.ref.content.*` on manifest/index) and
 //! the image record (create, or update if it exists).
 
-use crate::remote::{LABEL_CRI_IMAGE_REF, LABEL_CRI_LAYER_DIGEST, LABEL_TARGET};
 use bytes::Bytes;
 use containerd_client::services::v1::content_client::ContentClient;
 use containerd_client::services::v1::diff_client::DiffClient;
@@ -31,14 +30,13 @@ use thiserror::Error;
 use tonic::transport::Channel;
 use tonic::{Code, Request};
 use tracing::{debug, info};
-use weenv_format::Digest;
-use weenv_registry::manifest::host_platform;
+use weenv_registry::manifest::{chain_ids, host_platform, ImageConfig};
 use weenv_registry::{select_platform, Client, ImageManifest, Manifest, Reference};
 
 /// Label: CRI manifest digest.
-pub use crate::remote::LABEL_CRI_MANIFEST_DIGEST;
-/// Label: CRI comma-separated layer digests (capped like containerd's, 4 KiB).
-pub const LABEL_CRI_IMAGE_LAYERS: &str = "containerd.io/snapshot/cri.image-layers";
+pub use weenv_snapshotter_api::labels::{
+    layer_labels, LABEL_CRI_IMAGE_LAYERS, LABEL_CRI_MANIFEST_DIGEST,
+};
 
 /// Errors of a pull.
 #[derive(Debug, Error)]
@@ -79,55 +77,6 @@ const PREPARE_UNAVAILABLE_RETRIES: u32 = 40;
 
 fn ctd(op: &'static str) -> impl FnOnce(tonic::Status) -> PullError {
     move |status| PullError::Containerd { op, status }
-}
-
-/// Chain ids of a layer stack from its diff ids (OCI image spec: `chain(n) =
-/// sha256(chain(n-1) + " " + diff_id(n))`).
-pub fn chain_ids(diff_ids: &[String]) -> Vec<String> {
-    let mut out: Vec<String> = Vec::with_capacity(diff_ids.len());
-    for d in diff_ids {
-        let next = chain_id(out.last().map(String::as_str), d);
-        out.push(next);
-    }
-    out
-}
-
-/// Chain id of a layer with diff id `diff_id` on top of chain `parent` (`None`: a base layer).
-pub fn chain_id(parent: Option<&str>, diff_id: &str) -> String {
-    match parent {
-        None => diff_id.to_string(),
-        Some(prev) => Digest::sha256(format!("{prev} {diff_id}").as_bytes()).to_string(),
-    }
-}
-
-/// Labels on the Prepare of layer `i`.
-pub fn layer_labels(
-    chain_id: &str,
-    reference: &str,
-    layer: &str,
-    manifest: &str,
-    all_layers: &[String],
-) -> HashMap<String, String> {
-    let mut layers = String::new();
-    for l in all_layers {
-        if layers.len() + l.len() + 1 > 4096 {
-            break;
-        }
-        if !layers.is_empty() {
-            layers.push(',');
-        }
-        layers.push_str(l);
-    }
-    [
-        (LABEL_TARGET, chain_id),
-        (LABEL_CRI_IMAGE_REF, reference),
-        (LABEL_CRI_LAYER_DIGEST, layer),
-        (LABEL_CRI_MANIFEST_DIGEST, manifest),
-        (LABEL_CRI_IMAGE_LAYERS, layers.as_str()),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_string(), v.to_string()))
-    .collect()
 }
 
 /// GC labels of a manifest: config and layers it references.
@@ -290,30 +239,6 @@ fn cdesc(media_type: &str, digest: &str, size: u64) -> CDescriptor {
     }
 }
 
-/// What `weenv pull` and the daemon read from an image config.
-#[derive(serde::Deserialize)]
-pub(crate) struct ImageConfig {
-    pub(crate) rootfs: RootFs,
-    #[serde(default)]
-    os: Option<String>,
-    #[serde(default)]
-    architecture: Option<String>,
-    #[serde(default)]
-    variant: Option<String>,
-}
-
-impl ImageConfig {
-    /// The platform the config declares (`None` if it names no os or architecture).
-    fn platform(&self) -> Option<weenv_registry::Platform> {
-        Some(weenv_registry::Platform {
-            os: self.os.clone()?,
-            architecture: self.architecture.clone()?,
-            variant: self.variant.clone(),
-            ..Default::default()
-        })
-    }
-}
-
 /// `os/arch[/variant]`.
 fn platform_label(os: &str, arch: &str, variant: Option<&str>) -> String {
     match variant {
@@ -355,11 +280,6 @@ fn check_config_platform(
         _ => Ok(()),
     }
 }
-#[derive(serde::Deserialize)]
-pub(crate) struct RootFs {
-    pub(crate) diff_ids: Vec<String>,
-}
-
 /// Pull `reference` into containerd at `channel`.
 pub async fn pull(
     registry: &Client,
@@ -674,19 +594,8 @@ async fn apply_layer(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn chain_ids_follow_the_spec() {
-        let a = Digest::sha256(b"a").to_string();
-        let b = Digest::sha256(b"b").to_string();
-        let ch = chain_ids(&[a.clone(), b.clone()]);
-        assert_eq!(ch[0], a);
-        assert_eq!(
-            ch[1],
-            Digest::sha256(format!("{a} {b}").as_bytes()).to_string()
-        );
-        assert!(chain_ids(&[]).is_empty());
-    }
+    use weenv_format::Digest;
+    use weenv_registry::manifest::RootFs;
 
     #[test]
     fn applied_layers_must_be_the_claimed_diff_id() {
@@ -698,16 +607,6 @@ mod tests {
             Err(PullError::WrongDiffId { .. })
         ));
         assert!(check_diff_id("sha256:l", &a, None).is_err());
-    }
-
-    #[test]
-    fn labels_carry_the_cri_family_and_cap_layers() {
-        let many: Vec<String> = (0..100).map(|i| format!("sha256:{i:064}")).collect();
-        let l = layer_labels("sha256:c", "r/x:1", &many[0], "sha256:m", &many);
-        let req = crate::remote::RemoteLayerRequest::from_labels(&l).unwrap();
-        assert_eq!(req.target, "sha256:c");
-        assert!(l[LABEL_CRI_IMAGE_LAYERS].len() <= 4096);
-        assert!(l[LABEL_CRI_IMAGE_LAYERS].starts_with(&many[0]));
     }
 
     #[test]
@@ -734,5 +633,33 @@ mod tests {
             ..cfg("linux", "amd64")
         };
         check_config_platform(&none, "r", ("linux", "s390x", None)).unwrap();
+    }
+
+    /// `weenv pull` against a registry that does not answer says the cause once (reqwest
+    /// hides it in its source chain: it is said once, in the message), both as anyhow's
+    /// `{:#}` and as `weenv_registry::causes` (what `weenv` prints).
+    #[tokio::test]
+    async fn an_unreachable_registry_is_said_once() {
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let host = closed.local_addr().unwrap().to_string();
+        drop(closed);
+        let mut rc = weenv_registry::RegistryConfig::default();
+        rc.hosts.insert(
+            host.clone(),
+            weenv_registry::HostConfig {
+                plain_http: true,
+                ..Default::default()
+            },
+        );
+        let client = Client::new(rc).unwrap();
+        let r: Reference = format!("{host}/x/y:1").parse().unwrap();
+        let e = client.get_manifest(&r).await.unwrap_err();
+        let e = anyhow::Error::new(PullError::from(e)).context("weenv pull");
+        for m in [format!("{e:#}"), weenv_registry::causes(e.as_ref())] {
+            let segs: Vec<&str> = m.split(": ").map(str::trim).collect();
+            let distinct: std::collections::HashSet<&&str> = segs.iter().collect();
+            assert_eq!(distinct.len(), segs.len(), "a segment repeats in: {m}");
+            assert_eq!(m.matches("refused").count(), 1, "{m}");
+        }
     }
 }

@@ -16,7 +16,7 @@
 # shares blobs across namespaces, so a new namespace would not be cold). Medians of $RUNS runs.
 #
 # Needs root, containerd, ctr, runc, docker-registry, skopeo, iproute2 (ip, tc), fuse3 and the
-# workspace binaries: cargo build -p weenv-snapshotter --bins && cargo build -p weenv-converter
+# workspace binaries: cargo build -p weenv-snapshotter -p weenv-cli -p weenv-converter --bins
 # METRICS_DIR=dir keeps each run's daemon /metrics (dir/run-<kind>-<i>.prom) for profiling;
 # SNAP_FILL_EXTRA='check_headers = false' adds lines to the daemon's [fill] section (e.g. to
 # measure what the lazy header checks cost: run once with it, once without).

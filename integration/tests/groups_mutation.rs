@@ -1,4 +1,4 @@
-//! At-init mutation through `weenv run` (library entry `weenv_snapshotter::run::run_plan`):
+//! At-init mutation through `weenv run` (library entry `weenv_cli::run::run_plan`):
 //! a plan stacks busybox (base group, from an ordinary image) + a repository group and names a
 //! patch; `run_plan` composes, publishes, pulls, creates the container, applies the patch into
 //! its rootfs and starts it. Checked with stock overlayfs and with the weenv snapshotter (lazy):
@@ -12,6 +12,7 @@ mod snapshotter_common;
 use anyhow::{ensure, Context, Result};
 use snapshotter_common::{Daemon, DaemonOptions};
 use std::path::{Path, PathBuf};
+use weenv_cli::run::{run_plan, RunError, RunOptions};
 use weenv_converter::group::{create_group, GroupSource, GroupSpec};
 use weenv_converter::mutate::{mutate_group, MutateSpec};
 use weenv_converter::plan::parse_ref;
@@ -24,7 +25,6 @@ use weenv_integration::images;
 use weenv_integration::registry::LocalRegistry;
 use weenv_integration::util::{require_root_and_bins, E2E_BINS};
 use weenv_registry::Client;
-use weenv_snapshotter::run::{run_plan, RunError, RunOptions};
 
 const PATCH: &str = "diff --git a/app.py b/app.py
 --- a/app.py

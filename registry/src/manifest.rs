@@ -174,6 +174,55 @@ impl Manifest {
     }
 }
 
+/// What `weenv pull` and the daemon read from an image config.
+#[derive(serde::Deserialize)]
+pub struct ImageConfig {
+    pub rootfs: RootFs,
+    #[serde(default)]
+    pub os: Option<String>,
+    #[serde(default)]
+    pub architecture: Option<String>,
+    #[serde(default)]
+    pub variant: Option<String>,
+}
+
+impl ImageConfig {
+    /// The platform the config declares (`None` if it names no os or architecture).
+    pub fn platform(&self) -> Option<Platform> {
+        Some(Platform {
+            os: self.os.clone()?,
+            architecture: self.architecture.clone()?,
+            variant: self.variant.clone(),
+            ..Default::default()
+        })
+    }
+}
+
+/// `rootfs` of an image config.
+#[derive(serde::Deserialize)]
+pub struct RootFs {
+    pub diff_ids: Vec<String>,
+}
+
+/// Chain ids of a layer stack from its diff ids (OCI image spec: `chain(n) =
+/// sha256(chain(n-1) + " " + diff_id(n))`).
+pub fn chain_ids(diff_ids: &[String]) -> Vec<String> {
+    let mut out: Vec<String> = Vec::with_capacity(diff_ids.len());
+    for d in diff_ids {
+        let next = chain_id(out.last().map(String::as_str), d);
+        out.push(next);
+    }
+    out
+}
+
+/// Chain id of a layer with diff id `diff_id` on top of chain `parent` (`None`: a base layer).
+pub fn chain_id(parent: Option<&str>, diff_id: &str) -> String {
+    match parent {
+        None => diff_id.to_string(),
+        Some(prev) => Digest::sha256(format!("{prev} {diff_id}").as_bytes()).to_string(),
+    }
+}
+
 /// Normalise an architecture name the way Go/OCI spell it (`x86_64` -> `amd64`, ...).
 pub fn normalize_arch(arch: &str) -> &str {
     match arch {
@@ -348,5 +397,18 @@ mod tests {
                 "{body}"
             );
         }
+    }
+
+    #[test]
+    fn chain_ids_follow_the_spec() {
+        let a = Digest::sha256(b"a").to_string();
+        let b = Digest::sha256(b"b").to_string();
+        let ch = chain_ids(&[a.clone(), b.clone()]);
+        assert_eq!(ch[0], a);
+        assert_eq!(
+            ch[1],
+            Digest::sha256(format!("{a} {b}").as_bytes()).to_string()
+        );
+        assert!(chain_ids(&[]).is_empty());
     }
 }

@@ -11,13 +11,15 @@
 //! - [`daemon`]: wiring (store, FUSE layer store, remount, servers).
 //! - the lazy data path: [`layers`] (FUSE layer store), [`fs`], [`cache`], [`fetch`], [`metrics`].
 //!
-//! CLI side: [`pull`] (`weenv pull`), [`run`] (`weenv run PLAN`), [`cli`] (status/metrics client).
+//! The daemon's contract with its clients (config schema, remote-snapshot labels, the
+//! `/status` and `/profile` documents) is the `weenv-snapshotter-api` crate; [`config`] is
+//! re-exported from it. The `weenv` user CLI is the `weenv-cli` crate: the daemon links
+//! neither it nor the converter.
 
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod cache;
-pub mod cli;
-pub mod config;
+pub use weenv_snapshotter_api::config;
 pub mod daemon;
 mod error_messages;
 pub mod fetch;
@@ -27,9 +29,7 @@ pub mod http;
 pub mod layers;
 pub mod metrics;
 pub mod mounts;
-pub mod pull;
 pub mod remote;
-pub mod run;
 pub mod service;
 pub mod status;
 pub mod store;

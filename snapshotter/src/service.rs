@@ -342,7 +342,7 @@ impl SnapshotService {
             RemoteMatch::Conflict(other) => return Err(conflict(req, parent, &other)),
             RemoteMatch::None => {}
         }
-        if let Some(md) = labels.get(crate::pull::LABEL_CRI_MANIFEST_DIGEST) {
+        if let Some(md) = labels.get(crate::remote::LABEL_CRI_MANIFEST_DIGEST) {
             // Resolved references: which manifest this reference named when it was pulled.
             if let Err(e) = self.store.put_ref(&req.reference, md) {
                 warn!(reference = %req.reference, error = %e, "cannot record resolved reference");

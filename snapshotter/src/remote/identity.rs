@@ -47,7 +47,7 @@ pub fn reuse_verdict(
 /// Prepare labels) was computed from, given the parent's chain id (`None` for a base layer).
 /// A disagreement means the labels and the config the daemon read are not of one image.
 pub fn claim_fits_target(parent_chain: Option<&str>, claim: &Digest, target: &str) -> bool {
-    crate::pull::chain_id(parent_chain, claim.as_str()) == target
+    weenv_registry::manifest::chain_id(parent_chain, claim.as_str()) == target
 }
 
 #[cfg(test)]
@@ -95,7 +95,7 @@ mod tests {
         let (a, b) = (Digest::sha256(b"a"), Digest::sha256(b"b"));
         assert!(claim_fits_target(None, &a, a.as_str()));
         assert!(!claim_fits_target(None, &a, b.as_str()));
-        let chain = crate::pull::chain_ids(&[a.to_string(), b.to_string()]);
+        let chain = weenv_registry::manifest::chain_ids(&[a.to_string(), b.to_string()]);
         assert!(claim_fits_target(Some(&chain[0]), &b, &chain[1]));
         assert!(!claim_fits_target(Some(&chain[0]), &a, &chain[1]));
     }

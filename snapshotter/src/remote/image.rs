@@ -70,7 +70,7 @@ pub fn image_info(m: &ImageManifest, diff_ids: Option<&[String]>) -> Vec<LayerDe
 
 /// The `rootfs.diff_ids` of an image config (the parse error when it does not parse). Pure.
 pub fn config_diff_ids(config: &[u8]) -> Result<Vec<String>, String> {
-    serde_json::from_slice::<crate::pull::ImageConfig>(config)
+    serde_json::from_slice::<weenv_registry::manifest::ImageConfig>(config)
         .map(|c| c.rootfs.diff_ids)
         .map_err(|e| e.to_string())
 }

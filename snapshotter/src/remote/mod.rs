@@ -22,25 +22,14 @@ pub mod toc_cache;
 
 pub use provider::WeenvLayers;
 
-use std::collections::HashMap;
 use std::path::PathBuf;
 use thiserror::Error;
 use weenv_format::Digest;
 
-/// Target chain id of a remote-snapshot Prepare.
-pub const LABEL_TARGET: &str = "containerd.io/snapshot.ref";
-/// CRI image reference label.
-pub const LABEL_CRI_IMAGE_REF: &str = "containerd.io/snapshot/cri.image-ref";
-/// CRI layer digest label.
-pub const LABEL_CRI_LAYER_DIGEST: &str = "containerd.io/snapshot/cri.layer-digest";
-/// CRI manifest digest label (also sent by `weenv pull`).
-pub const LABEL_CRI_MANIFEST_DIGEST: &str = "containerd.io/snapshot/cri.manifest-digest";
-/// stargz (`ctr-remote`) image reference label.
-pub const LABEL_STARGZ_REFERENCE: &str = "containerd.io/snapshot/remote/stargz.reference";
-/// stargz (`ctr-remote`) layer digest label.
-pub const LABEL_STARGZ_DIGEST: &str = "containerd.io/snapshot/remote/stargz.digest";
-/// Label we put on remote committed snapshots: the layer digest they expose.
-pub const LABEL_WEENV_LAYER: &str = "containerd.io/snapshot/weenv.layer";
+pub use weenv_snapshotter_api::labels::{
+    RemoteLayerRequest, LABEL_CRI_IMAGE_REF, LABEL_CRI_LAYER_DIGEST, LABEL_CRI_MANIFEST_DIGEST,
+    LABEL_STARGZ_DIGEST, LABEL_STARGZ_REFERENCE, LABEL_TARGET, LABEL_WEENV_LAYER,
+};
 
 /// Errors of the remote path. None of them fails a Prepare: the service falls back to the
 /// ordinary path and logs the error.
@@ -69,44 +58,6 @@ pub enum RemoteError {
     /// config key (the caller names the layer). The Prepare fails (no silent ordinary pull).
     #[error("{0}")]
     Limit(String),
-}
-
-/// What a remote-snapshot Prepare asks for.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RemoteLayerRequest {
-    /// The committed snapshot to create (chain id).
-    pub target: String,
-    /// Image reference, used to reach the registry.
-    pub reference: String,
-    /// Layer blob digest.
-    pub digest: Digest,
-    /// Image manifest digest, when the labels name it (CRI, `weenv pull`): where the layer's
-    /// start-up prefetch profile is read from.
-    pub manifest: Option<String>,
-}
-
-impl RemoteLayerRequest {
-    /// Extract a request from Prepare labels. `None` when the labels do not ask for a remote
-    /// snapshot (no target, or neither label family, or a malformed digest).
-    pub fn from_labels(labels: &HashMap<String, String>) -> Option<Self> {
-        let target = labels.get(LABEL_TARGET).filter(|t| !t.is_empty())?;
-        let (reference, digest) = match (
-            labels.get(LABEL_CRI_IMAGE_REF),
-            labels.get(LABEL_CRI_LAYER_DIGEST),
-        ) {
-            (Some(r), Some(d)) => (r, d),
-            _ => (
-                labels.get(LABEL_STARGZ_REFERENCE)?,
-                labels.get(LABEL_STARGZ_DIGEST)?,
-            ),
-        };
-        Some(Self {
-            target: target.clone(),
-            reference: reference.clone(),
-            digest: digest.parse().ok()?,
-            manifest: labels.get(LABEL_CRI_MANIFEST_DIGEST).cloned(),
-        })
-    }
 }
 
 /// A mounted layer.
@@ -156,57 +107,4 @@ pub trait LayerProvider: Send + Sync + 'static {
     }
     /// Called once the live snapshots pinned their trees again after a restart.
     fn native_restored(&self) {}
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    const D: &str = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
-
-    fn labels(kv: &[(&str, &str)]) -> HashMap<String, String> {
-        kv.iter()
-            .map(|(a, b)| (a.to_string(), b.to_string()))
-            .collect()
-    }
-
-    #[test]
-    fn both_label_families() {
-        let cri = labels(&[
-            (LABEL_TARGET, "sha256:chain"),
-            (LABEL_CRI_IMAGE_REF, "r.io/a:1"),
-            (LABEL_CRI_LAYER_DIGEST, D),
-        ]);
-        let r = RemoteLayerRequest::from_labels(&cri).unwrap();
-        assert_eq!(
-            (r.target.as_str(), r.reference.as_str(), r.digest.as_str()),
-            ("sha256:chain", "r.io/a:1", D)
-        );
-        let sgz = labels(&[
-            (LABEL_TARGET, "sha256:chain"),
-            (LABEL_STARGZ_REFERENCE, "r.io/a:2"),
-            (LABEL_STARGZ_DIGEST, D),
-        ]);
-        assert_eq!(
-            RemoteLayerRequest::from_labels(&sgz).unwrap().reference,
-            "r.io/a:2"
-        );
-    }
-
-    #[test]
-    fn incomplete_labels_take_ordinary_path() {
-        assert!(RemoteLayerRequest::from_labels(&labels(&[])).is_none());
-        assert!(RemoteLayerRequest::from_labels(&labels(&[(LABEL_TARGET, "x")])).is_none());
-        assert!(RemoteLayerRequest::from_labels(&labels(&[
-            (LABEL_CRI_IMAGE_REF, "r"),
-            (LABEL_CRI_LAYER_DIGEST, D)
-        ]))
-        .is_none());
-        assert!(RemoteLayerRequest::from_labels(&labels(&[
-            (LABEL_TARGET, "x"),
-            (LABEL_CRI_IMAGE_REF, "r"),
-            (LABEL_CRI_LAYER_DIGEST, "sha256:bad")
-        ]))
-        .is_none());
-    }
 }

@@ -361,11 +361,11 @@ async fn quarantined_layers_and_false_claims_take_the_ordinary_path() {
     assert!(matches!(r, Err(SnapshotError::RemoteCommitted(_))));
     let up = Digest::sha256(b"up");
     fake.claims.lock().insert(D3.into(), up.clone());
-    let wrong = crate::pull::chain_id(Some(good.as_str()), good.as_str());
+    let wrong = weenv_registry::manifest::chain_id(Some(good.as_str()), good.as_str());
     s.prepare("A/3/e", good.as_str(), remote_labels(&wrong, D3))
         .await
         .unwrap();
-    let right = crate::pull::chain_id(Some(good.as_str()), up.as_str());
+    let right = weenv_registry::manifest::chain_id(Some(good.as_str()), up.as_str());
     let r = s
         .prepare("A/4/e", good.as_str(), remote_labels(&right, D3))
         .await;

@@ -1,0 +1,163 @@
+//! The remote-snapshot labels: what `weenv pull` (and CRI, and `ctr-remote`) put on a
+//! layer's Prepare, and what the daemon reads from them. Writer ([`layer_labels`]) and reader
+//! ([`RemoteLayerRequest::from_labels`]) share one set of names.
+//!
+//! containerd passes `containerd.io/snapshot.ref=<target chainID>` plus one of two label
+//! families naming the image and the layer:
+//! - CRI / Go client handler wrapper (and `weenv pull`): `containerd.io/snapshot/cri.image-ref`,
+//!   `containerd.io/snapshot/cri.layer-digest` (+ `cri.manifest-digest`, `cri.image-layers`);
+//! - `ctr-remote image rpull` (stargz): `containerd.io/snapshot/remote/stargz.reference`,
+//!   `containerd.io/snapshot/remote/stargz.digest`.
+
+use std::collections::HashMap;
+use weenv_format::Digest;
+
+/// Target chain id of a remote-snapshot Prepare.
+pub const LABEL_TARGET: &str = "containerd.io/snapshot.ref";
+/// CRI image reference label.
+pub const LABEL_CRI_IMAGE_REF: &str = "containerd.io/snapshot/cri.image-ref";
+/// CRI layer digest label.
+pub const LABEL_CRI_LAYER_DIGEST: &str = "containerd.io/snapshot/cri.layer-digest";
+/// CRI manifest digest label (also sent by `weenv pull`).
+pub const LABEL_CRI_MANIFEST_DIGEST: &str = "containerd.io/snapshot/cri.manifest-digest";
+/// stargz (`ctr-remote`) image reference label.
+pub const LABEL_STARGZ_REFERENCE: &str = "containerd.io/snapshot/remote/stargz.reference";
+/// stargz (`ctr-remote`) layer digest label.
+pub const LABEL_STARGZ_DIGEST: &str = "containerd.io/snapshot/remote/stargz.digest";
+/// Label we put on remote committed snapshots: the layer digest they expose.
+pub const LABEL_WEENV_LAYER: &str = "containerd.io/snapshot/weenv.layer";
+
+/// Label: CRI comma-separated layer digests (capped like containerd's, 4 KiB).
+pub const LABEL_CRI_IMAGE_LAYERS: &str = "containerd.io/snapshot/cri.image-layers";
+
+/// What a remote-snapshot Prepare asks for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RemoteLayerRequest {
+    /// The committed snapshot to create (chain id).
+    pub target: String,
+    /// Image reference, used to reach the registry.
+    pub reference: String,
+    /// Layer blob digest.
+    pub digest: Digest,
+    /// Image manifest digest, when the labels name it (CRI, `weenv pull`): where the layer's
+    /// start-up prefetch profile is read from.
+    pub manifest: Option<String>,
+}
+
+impl RemoteLayerRequest {
+    /// Extract a request from Prepare labels. `None` when the labels do not ask for a remote
+    /// snapshot (no target, or neither label family, or a malformed digest).
+    pub fn from_labels(labels: &HashMap<String, String>) -> Option<Self> {
+        let target = labels.get(LABEL_TARGET).filter(|t| !t.is_empty())?;
+        let (reference, digest) = match (
+            labels.get(LABEL_CRI_IMAGE_REF),
+            labels.get(LABEL_CRI_LAYER_DIGEST),
+        ) {
+            (Some(r), Some(d)) => (r, d),
+            _ => (
+                labels.get(LABEL_STARGZ_REFERENCE)?,
+                labels.get(LABEL_STARGZ_DIGEST)?,
+            ),
+        };
+        Some(Self {
+            target: target.clone(),
+            reference: reference.clone(),
+            digest: digest.parse().ok()?,
+            manifest: labels.get(LABEL_CRI_MANIFEST_DIGEST).cloned(),
+        })
+    }
+}
+
+/// Labels on the Prepare of layer `i`.
+pub fn layer_labels(
+    chain_id: &str,
+    reference: &str,
+    layer: &str,
+    manifest: &str,
+    all_layers: &[String],
+) -> HashMap<String, String> {
+    let mut layers = String::new();
+    for l in all_layers {
+        if layers.len() + l.len() + 1 > 4096 {
+            break;
+        }
+        if !layers.is_empty() {
+            layers.push(',');
+        }
+        layers.push_str(l);
+    }
+    [
+        (LABEL_TARGET, chain_id),
+        (LABEL_CRI_IMAGE_REF, reference),
+        (LABEL_CRI_LAYER_DIGEST, layer),
+        (LABEL_CRI_MANIFEST_DIGEST, manifest),
+        (LABEL_CRI_IMAGE_LAYERS, layers.as_str()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect()
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    const D: &str = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+
+    fn labels(kv: &[(&str, &str)]) -> HashMap<String, String> {
+        kv.iter()
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn both_label_families() {
+        let cri = labels(&[
+            (LABEL_TARGET, "sha256:chain"),
+            (LABEL_CRI_IMAGE_REF, "r.io/a:1"),
+            (LABEL_CRI_LAYER_DIGEST, D),
+        ]);
+        let r = RemoteLayerRequest::from_labels(&cri).unwrap();
+        assert_eq!(
+            (r.target.as_str(), r.reference.as_str(), r.digest.as_str()),
+            ("sha256:chain", "r.io/a:1", D)
+        );
+        let sgz = labels(&[
+            (LABEL_TARGET, "sha256:chain"),
+            (LABEL_STARGZ_REFERENCE, "r.io/a:2"),
+            (LABEL_STARGZ_DIGEST, D),
+        ]);
+        assert_eq!(
+            RemoteLayerRequest::from_labels(&sgz).unwrap().reference,
+            "r.io/a:2"
+        );
+    }
+
+    #[test]
+    fn incomplete_labels_take_ordinary_path() {
+        assert!(RemoteLayerRequest::from_labels(&labels(&[])).is_none());
+        assert!(RemoteLayerRequest::from_labels(&labels(&[(LABEL_TARGET, "x")])).is_none());
+        assert!(RemoteLayerRequest::from_labels(&labels(&[
+            (LABEL_CRI_IMAGE_REF, "r"),
+            (LABEL_CRI_LAYER_DIGEST, D)
+        ]))
+        .is_none());
+        assert!(RemoteLayerRequest::from_labels(&labels(&[
+            (LABEL_TARGET, "x"),
+            (LABEL_CRI_IMAGE_REF, "r"),
+            (LABEL_CRI_LAYER_DIGEST, "sha256:bad")
+        ]))
+        .is_none());
+    }
+
+    #[test]
+    fn labels_carry_the_cri_family_and_cap_layers() {
+        let many: Vec<String> = (0..100).map(|i| format!("sha256:{i:064}")).collect();
+        let l = layer_labels("sha256:c", "r/x:1", &many[0], "sha256:m", &many);
+        let req = RemoteLayerRequest::from_labels(&l).unwrap();
+        assert_eq!(req.target, "sha256:c");
+        assert!(l[LABEL_CRI_IMAGE_LAYERS].len() <= 4096);
+        assert!(l[LABEL_CRI_IMAGE_LAYERS].starts_with(&many[0]));
+    }
+}
