@@ -26,6 +26,8 @@ step() {
 # The declared rust-version must be what Cargo.lock really needs (highest rust-version of a
 # locked dependency); a lock update that needs a newer Rust fails here until it is raised.
 step "rust-version covers Cargo.lock" scripts/check_msrv.py
+# No declared dependency that nothing uses (cargo machete + the workspace table; ~1 s).
+step "no unused dependencies" scripts/check_deps.sh
 step "cargo fmt --check" cargo fmt --all -- --check
 step "cargo clippy -D warnings" cargo clippy --workspace --all-targets -- -D warnings
 test_log=$(mktemp)
