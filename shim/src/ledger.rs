@@ -356,5 +356,4 @@ impl Ledger {
     }
 }
 
-#[path = "ledger_tests.rs"]
 mod tests;

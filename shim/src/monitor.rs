@@ -417,5 +417,4 @@ impl Monitor {
     }
 }
 
-#[path = "monitor_tests.rs"]
 mod tests;

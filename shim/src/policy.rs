@@ -339,5 +339,4 @@ pub fn decide(samples: &[Sample], now: Duration, current: &Current, policy: &Pol
     d
 }
 
-#[path = "policy_tests.rs"]
 mod tests;

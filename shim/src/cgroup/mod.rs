@@ -213,5 +213,4 @@ pub(crate) fn limit_or_none(v: u64) -> Option<u64> {
     (v < (1u64 << 62)).then_some(v)
 }
 
-#[path = "tests.rs"]
 mod tests;
