@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use super::*;
 
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
 fn put(dir: &Path, name: &str, s: &str) {
     fs::create_dir_all(dir).unwrap();
     fs::write(dir.join(name), s).unwrap();
@@ -40,10 +42,10 @@ pub(crate) fn fake_v1(root: &Path) -> v1::V1 {
 }
 
 #[test]
-fn v1_reads_sample_and_limits() {
-    let t = tempfile::tempdir().unwrap();
+fn v1_reads_sample_and_limits() -> TestResult {
+    let t = tempfile::tempdir()?;
     let io = fake_v1(t.path());
-    let s = io.sample(Duration::from_millis(7)).unwrap();
+    let s = io.sample(Duration::from_millis(7))?;
     assert_eq!(s.at, Duration::from_millis(7));
     assert_eq!(
         (s.cpu_usage_ns, s.cpu_periods, s.cpu_throttled),
@@ -54,7 +56,7 @@ fn v1_reads_sample_and_limits() {
         (s.mem_pressure_events, s.oom_events, s.under_oom),
         (3, 2, true)
     );
-    let l = io.limits().unwrap();
+    let l = io.limits()?;
     assert_eq!(
         l.cpu,
         CpuMax {
@@ -64,49 +66,50 @@ fn v1_reads_sample_and_limits() {
     );
     assert_eq!(l.cpu.millicores(), Some(500));
     assert_eq!((l.memory, l.memsw), (Some(64 << 20), Some(64 << 20)));
+    Ok(())
 }
 
 #[test]
-fn v1_unlimited_and_writes() {
-    let t = tempfile::tempdir().unwrap();
+fn v1_unlimited_and_writes() -> TestResult {
+    let t = tempfile::tempdir()?;
     let io = fake_v1(t.path());
     put(&io.cpu, "cpu.cfs_quota_us", "-1\n");
     put(&io.memory, "memory.limit_in_bytes", "9223372036854771712\n");
-    let l = io.limits().unwrap();
+    let l = io.limits()?;
     assert_eq!((l.cpu.quota_us, l.memory), (None, None));
     io.write(&CgroupWrite::CpuMax(CpuMax {
         quota_us: Some(200_000),
         period_us: 100_000,
-    }))
-    .unwrap();
-    io.write(&CgroupWrite::MemswLimit(1 << 30)).unwrap();
-    io.write(&CgroupWrite::MemoryLimit(1 << 30)).unwrap();
-    io.write(&CgroupWrite::OomKillDisable(false)).unwrap();
+    }))?;
+    io.write(&CgroupWrite::MemswLimit(1 << 30))?;
+    io.write(&CgroupWrite::MemoryLimit(1 << 30))?;
+    io.write(&CgroupWrite::OomKillDisable(false))?;
     assert_eq!(
-        fs::read_to_string(io.cpu.join("cpu.cfs_quota_us")).unwrap(),
+        fs::read_to_string(io.cpu.join("cpu.cfs_quota_us"))?,
         "200000"
     );
     assert_eq!(
-        fs::read_to_string(io.memory.join("memory.limit_in_bytes")).unwrap(),
+        fs::read_to_string(io.memory.join("memory.limit_in_bytes"))?,
         "1073741824"
     );
     assert_eq!(
-        fs::read_to_string(io.memory.join("memory.memsw.limit_in_bytes")).unwrap(),
+        fs::read_to_string(io.memory.join("memory.memsw.limit_in_bytes"))?,
         "1073741824"
     );
     assert_eq!(
-        fs::read_to_string(io.memory.join("memory.oom_control")).unwrap(),
+        fs::read_to_string(io.memory.join("memory.oom_control"))?,
         "0"
     );
     assert!(matches!(
         io.write(&CgroupWrite::MemoryHigh(1)),
         Err(CgroupError::Unsupported { .. })
     ));
+    Ok(())
 }
 
 #[test]
-fn v2_reads_and_writes() {
-    let t = tempfile::tempdir().unwrap();
+fn v2_reads_and_writes() -> TestResult {
+    let t = tempfile::tempdir()?;
     let d = t.path().to_path_buf();
     put(&d, "cpu.stat", "usage_usec 2500\nuser_usec 2000\nsystem_usec 500\nnr_periods 7\nnr_throttled 1\nthrottled_usec 9\n");
     put(&d, "cpu.max", "max 100000\n");
@@ -125,7 +128,7 @@ fn v2_reads_and_writes() {
     put(&d, "memory.max", "max\n");
     put(&d, "memory.high", "max\n");
     let io = v2::V2::new(d.clone());
-    let s = io.sample(Duration::ZERO).unwrap();
+    let s = io.sample(Duration::ZERO)?;
     assert_eq!(
         (s.cpu_usage_ns, s.cpu_periods, s.cpu_throttled),
         (2_500_000, 7, 1)
@@ -136,7 +139,7 @@ fn v2_reads_and_writes() {
     );
     assert_eq!((s.mem_pressure_events, s.oom_events), (5, 2));
     assert_eq!(s.mem_psi_some_avg10, Some(1.5));
-    let l = io.limits().unwrap();
+    let l = io.limits()?;
     assert_eq!(
         (l.cpu.quota_us, l.cpu.period_us, l.memory, l.memory_high),
         (None, 100_000, None, None)
@@ -144,20 +147,17 @@ fn v2_reads_and_writes() {
     io.write(&CgroupWrite::CpuMax(CpuMax {
         quota_us: Some(50_000),
         period_us: 100_000,
-    }))
-    .unwrap();
-    io.write(&CgroupWrite::MemoryLimit(64 << 20)).unwrap();
-    io.write(&CgroupWrite::MemoryHigh(60 << 20)).unwrap();
-    assert_eq!(
-        fs::read_to_string(d.join("cpu.max")).unwrap(),
-        "50000 100000"
-    );
-    let l = io.limits().unwrap();
+    }))?;
+    io.write(&CgroupWrite::MemoryLimit(64 << 20))?;
+    io.write(&CgroupWrite::MemoryHigh(60 << 20))?;
+    assert_eq!(fs::read_to_string(d.join("cpu.max"))?, "50000 100000");
+    let l = io.limits()?;
     assert_eq!(
         (l.cpu.millicores(), l.memory, l.memory_high),
         (Some(500), Some(64 << 20), Some(60 << 20))
     );
     assert!(io.write(&CgroupWrite::MemswLimit(1)).is_err());
+    Ok(())
 }
 
 const MOUNTINFO: &str = "\
@@ -170,10 +170,10 @@ const MOUNTINFO: &str = "\
 ";
 
 #[test]
-fn detect_prefers_v1_memory_and_falls_back_to_unified() {
+fn detect_prefers_v1_memory_and_falls_back_to_unified() -> TestResult {
     let pc = "4:memory:/t/s2\n2:cpuacct:/t/s2\n1:cpu:/t/s2\n0::/t/s2\n";
     assert_eq!(
-        detect(1, pc, MOUNTINFO).unwrap(),
+        detect(1, pc, MOUNTINFO)?,
         CgroupPaths::V1 {
             cpu: "/sys/fs/cgroup/cpu/t/s2".into(),
             cpuacct: "/sys/fs/cgroup/cpuacct/t/s2".into(),
@@ -181,15 +181,16 @@ fn detect_prefers_v1_memory_and_falls_back_to_unified() {
         }
     );
     assert_eq!(
-        detect(1, "0::/k/c\n", MOUNTINFO).unwrap(),
+        detect(1, "0::/k/c\n", MOUNTINFO)?,
         CgroupPaths::V2 {
             dir: "/sys/fs/cgroup/unified/k/c".into()
         }
     );
     let combined = "35 31 0:30 / /sys/fs/cgroup/cpu,cpuacct rw - cgroup cgroup rw,cpu,cpuacct\n37 31 0:32 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n";
-    let p = detect(1, "3:memory:/a\n2:cpu,cpuacct:/a\n", combined).unwrap();
+    let p = detect(1, "3:memory:/a\n2:cpu,cpuacct:/a\n", combined)?;
     assert!(
         matches!(p, CgroupPaths::V1 { ref cpu, .. } if cpu == Path::new("/sys/fs/cgroup/cpu,cpuacct/a"))
     );
     assert!(detect(1, "1:name=systemd:/\n", "").is_err());
+    Ok(())
 }

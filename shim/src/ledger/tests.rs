@@ -3,6 +3,8 @@
 
 use super::*;
 
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
 fn cap(cpu: u64, mem: u64, rcpu: u64, rmem: u64) -> Capacity {
     Capacity {
         total: Res { cpu_m: cpu, mem },
@@ -61,26 +63,21 @@ fn dead_shims_are_reaped() {
 }
 
 #[test]
-fn file_ledger_is_shared_and_reaps_dead_pids() {
-    let t = tempfile::tempdir().unwrap();
+fn file_ledger_is_shared_and_reaps_dead_pids() -> TestResult {
+    let t = tempfile::tempdir()?;
     let l = Ledger::new(t.path());
     let c = cap(4000, 1 << 30, 0, 0);
-    l.admit("ns/a", r(500, 1 << 20), &c).unwrap();
+    l.admit("ns/a", r(500, 1 << 20), &c)?;
     // An entry of a pid that does not exist is reaped by the next transaction.
     l.transact(|f| {
         f.admit("ns/ghost", u32::MAX - 1, 1, r(100, 0), &c, 0);
-    })
-    .unwrap();
-    let f = l.read().unwrap();
+    })?;
+    let f = l.read()?;
     assert!(!f.entries.contains_key("ns/ghost"), "reads skip dead shims");
-    assert!(std::fs::read_to_string(l.path())
-        .unwrap()
-        .contains("ns/ghost"));
-    l.transact(|_| ()).unwrap();
-    assert!(!std::fs::read_to_string(l.path())
-        .unwrap()
-        .contains("ns/ghost"));
-    let f = l.read().unwrap();
+    assert!(std::fs::read_to_string(l.path())?.contains("ns/ghost"));
+    l.transact(|_| ())?;
+    assert!(!std::fs::read_to_string(l.path())?.contains("ns/ghost"));
+    let f = l.read()?;
     assert!(!f.entries.contains_key("ns/ghost"));
     assert_eq!(f.entries["ns/a"].shim_pid, std::process::id());
     // Concurrent transactions from threads do not lose updates.
@@ -93,7 +90,8 @@ fn file_ledger_is_shared_and_reaps_dead_pids() {
     for h in hs {
         h.join().unwrap();
     }
-    assert_eq!(l.read().unwrap().entries.len(), 9);
-    l.release("ns/a").unwrap();
-    assert_eq!(l.read().unwrap().entries.len(), 8);
+    assert_eq!(l.read()?.entries.len(), 9);
+    l.release("ns/a")?;
+    assert_eq!(l.read()?.entries.len(), 8);
+    Ok(())
 }

@@ -2,6 +2,8 @@
 #![allow(clippy::unwrap_used)]
 
 use super::*;
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
 use proptest::prelude::*;
 
 const MS: u64 = 200;
@@ -45,7 +47,7 @@ fn mem_step(prev: &Sample, i: u64, ws: u64, limit: u64) -> Sample {
 }
 
 #[test]
-fn cpu_scale_up_reacts_to_a_single_sample() {
+fn cpu_scale_up_reacts_to_a_single_sample() -> TestResult {
     let t = tracked(500, 500, 64_000);
     let s0 = Sample::default();
     let s1 = cpu_step(&s0, 1, 500, 500); // 100% of 0.5 core, not throttled
@@ -54,13 +56,14 @@ fn cpu_scale_up_reacts_to_a_single_sample() {
         ..Default::default()
     };
     let d = decide(&[s0, s1], at(1), &cur, &Policy::default());
-    let c = d.cpu.expect("scale-up after one interval");
+    let c = d.cpu.ok_or("scale-up after one interval")?;
     assert_eq!((c.old, c.new), (500, 1000));
     assert!(matches!(c.reason, Reason::CpuUtilisation { .. }));
+    Ok(())
 }
 
 #[test]
-fn severe_throttling_quadruples() {
+fn severe_throttling_quadruples() -> TestResult {
     let t = tracked(500, 500, 64_000);
     let s0 = Sample::default();
     let s1 = cpu_step(&s0, 1, 2000, 500);
@@ -70,13 +73,14 @@ fn severe_throttling_quadruples() {
     };
     let c = decide(&[s0, s1], at(1), &cur, &Policy::default())
         .cpu
-        .unwrap();
+        .ok_or("unexpected None")?;
     assert_eq!(c.new, 2000);
     assert!(matches!(c.reason, Reason::CpuSevereThrottled { .. }));
+    Ok(())
 }
 
 #[test]
-fn cpu_scale_down_needs_the_full_quiet_window() {
+fn cpu_scale_down_needs_the_full_quiet_window() -> TestResult {
     let p = Policy::default();
     let t = tracked(2000, 500, 64_000);
     let cur = Current {
@@ -86,13 +90,13 @@ fn cpu_scale_down_needs_the_full_quiet_window() {
     let mut v = vec![Sample::default()];
     // 10 s of idle = 50 intervals; before the window is full nothing happens.
     for i in 1..=50 {
-        let s = cpu_step(v.last().unwrap(), i, 100, 2000);
+        let s = cpu_step(v.last().ok_or("unexpected None")?, i, 100, 2000);
         v.push(s);
         let d = decide(&v, at(i), &cur, &p);
         if i < 50 {
             assert_eq!(d.cpu, None, "scaled down after only {} ms", i * MS);
         } else {
-            let c = d.cpu.expect("halve after the quiet window");
+            let c = d.cpu.ok_or("halve after the quiet window")?;
             assert_eq!((c.old, c.new, c.reason), (2000, 1000, Reason::CpuIdle));
         }
     }
@@ -100,7 +104,7 @@ fn cpu_scale_down_needs_the_full_quiet_window() {
     let mut v2 = vec![Sample::default()];
     for i in 1..=50 {
         let demand = if i == 30 { 1500 } else { 100 };
-        let s = cpu_step(v2.last().unwrap(), i, demand, 2000);
+        let s = cpu_step(v2.last().ok_or("unexpected None")?, i, demand, 2000);
         v2.push(s);
     }
     let cur2 = Current {
@@ -123,10 +127,11 @@ fn cpu_scale_down_needs_the_full_quiet_window() {
         },
     );
     assert_eq!(d.cpu, None);
+    Ok(())
 }
 
 #[test]
-fn memory_scale_down_needs_sixty_seconds() {
+fn memory_scale_down_needs_sixty_seconds() -> TestResult {
     let p = Policy::default();
     let t = tracked(1 << 30, 64 << 20, 32 << 30);
     let cur = Current {
@@ -135,19 +140,20 @@ fn memory_scale_down_needs_sixty_seconds() {
     };
     let mut v = vec![Sample::default()];
     for i in 1..=300 {
-        let s = mem_step(v.last().unwrap(), i, 10 << 20, 1 << 30);
+        let s = mem_step(v.last().ok_or("unexpected None")?, i, 10 << 20, 1 << 30);
         v.push(s);
         let d = decide(&v, at(i), &cur, &p);
         if i < 300 {
             assert_eq!(d.mem, None, "at {i}");
         } else {
-            assert_eq!(d.mem.unwrap().new, 512 << 20);
+            assert_eq!(d.mem.ok_or("unexpected None")?.new, 512 << 20);
         }
     }
+    Ok(())
 }
 
 #[test]
-fn oom_emergency_quadruples_then_terminates_at_ceiling() {
+fn oom_emergency_quadruples_then_terminates_at_ceiling() -> TestResult {
     let p = Policy::default();
     let s0 = Sample::default();
     let s1 = mem_step(&s0, 1, 200 << 20, 64 << 20);
@@ -156,7 +162,7 @@ fn oom_emergency_quadruples_then_terminates_at_ceiling() {
         ..Default::default()
     };
     let d = decide(&[s0, s1], at(1), &cur, &p);
-    assert_eq!(d.mem.unwrap().new, 256 << 20);
+    assert_eq!(d.mem.ok_or("unexpected None")?.new, 256 << 20);
     assert!(d.terminate.is_none());
     // At the ceiling: the emergency starts a grace period, then terminates.
     let cur = Current {
@@ -177,8 +183,9 @@ fn oom_emergency_quadruples_then_terminates_at_ceiling() {
     let d = decide(&[s1, s6], at(6), &cur, &p);
     assert!(d
         .terminate
-        .unwrap()
+        .ok_or("unexpected None")?
         .contains("out of memory at the maximum"));
+    Ok(())
 }
 
 /// Runs the policy in a loop against a model workload; returns the quota history.
