@@ -1,6 +1,7 @@
 //! Blob reads: HEAD (size), whole blob (verified), streaming to a writer (verified, resumes
-//! with `Range` after a broken connection) and ranged GETs (the FUSE hot path: exactly one
-//! request per call, `206` expected, a `200` full body is sliced with a one-time warning).
+//! with `Range` after a broken connection) and ranged GETs (the FUSE hot path: one attempt is
+//! exactly one request, `206` expected, a `200` full body is sliced with a one-time warning;
+//! retries are [`crate::RangeSource::read`]'s, once per read).
 
 use crate::auth::repo_scope;
 use crate::client::{header_content_length, header_str, next_chunk, Client, Req, Target};
@@ -243,10 +244,9 @@ impl Client {
         Ok(())
     }
 
-    /// `len` bytes of blob `d` at `offset`: one GET with `Range: bytes=a-b` (redirects are
-    /// followed with the header kept). A `206` must start at `offset`; a `200` (server ignores
-    /// Range) is sliced, reading no further than needed, and warned about once per client.
-    /// The bytes are not verified (verify chunk digests from the TOC).
+    /// `len` bytes of blob `d` at `offset`, with the retry budget of
+    /// [`crate::RangeSource::read`] over [`Client::try_get_blob_range`]. The bytes are not
+    /// verified (verify chunk digests from the TOC).
     pub async fn get_blob_range(
         &self,
         r: &Reference,
@@ -254,29 +254,27 @@ impl Client {
         offset: u64,
         len: u64,
     ) -> Result<Bytes, RegistryError> {
-        self.get_blob_range_with(r, d, offset, len, false).await
+        use crate::source::{ByteRange, RangeSource, RegistryRangeSource};
+        RegistryRangeSource::new(self.clone(), r.clone(), d.clone(), None)
+            .read(ByteRange::new(offset, len))
+            .await
+            .map_err(|e| e.into_registry_error())
     }
 
-    /// [`Client::get_blob_range`] from the origin first (mirrors only if it fails) with
-    /// `Cache-Control: no-cache`, so neither a mirror nor an HTTP cache on the way answers
-    /// from what it holds: the refetch after bytes failed verification.
-    pub async fn get_blob_range_no_cache(
+    /// One attempt at `len` bytes of blob `d` at `offset`: one GET with `Range: bytes=a-b`
+    /// (redirects are followed with the header kept; no retry, a 401 is not resent). A `206`
+    /// must start at `offset`; a `200` (server ignores Range) is sliced, reading no further
+    /// than needed, and warned about once per client. With `fresh`: from the origin first
+    /// (mirrors only if it fails) with `Cache-Control: no-cache`, so neither a mirror nor an
+    /// HTTP cache on the way answers from what it holds (the refetch after bytes failed
+    /// verification).
+    pub async fn try_get_blob_range(
         &self,
         r: &Reference,
         d: &Digest,
         offset: u64,
         len: u64,
-    ) -> Result<Bytes, RegistryError> {
-        self.get_blob_range_with(r, d, offset, len, true).await
-    }
-
-    async fn get_blob_range_with(
-        &self,
-        r: &Reference,
-        d: &Digest,
-        offset: u64,
-        len: u64,
-        no_cache: bool,
+        fresh: bool,
     ) -> Result<Bytes, RegistryError> {
         let bad = |detail: String| RegistryError::BadRange {
             digest: d.to_string(),
@@ -288,55 +286,48 @@ impl Client {
             return Ok(Bytes::new());
         }
         let range = range_header(offset, len).ok_or_else(|| bad("range overflows u64".into()))?;
-        let mut attempt = 0;
-        loop {
-            let mut req =
-                Self::blob_req(r, d, Method::GET, Kind::RangeGet).header(RANGE, &range)?;
-            if no_cache {
-                req = req.header(CACHE_CONTROL, "no-cache")?;
-                req.origin_first = true;
-            }
-            let (resp, ep) = self.execute(r.registry(), Capability::Pull, &req).await?;
-            let res = match resp.status().as_u16() {
-                206 => {
-                    let cr =
-                        header_str(resp.headers(), "content-range").and_then(parse_content_range);
-                    if let Some((a, _, _)) = cr {
-                        if a != offset {
-                            return Err(bad(format!("server answered a range starting at {a}")));
-                        }
+        let mut req = Self::blob_req(r, d, Method::GET, Kind::RangeGet).header(RANGE, &range)?;
+        req.single_attempt = true;
+        if fresh {
+            req = req.header(CACHE_CONTROL, "no-cache")?;
+            req.origin_first = true;
+        }
+        let (resp, ep) = self.execute(r.registry(), Capability::Pull, &req).await?;
+        let res = match resp.status().as_u16() {
+            206 => {
+                let cr = header_str(resp.headers(), "content-range").and_then(parse_content_range);
+                if let Some((a, _, _)) = cr {
+                    if a != offset {
+                        return Err(bad(format!("server answered a range starting at {a}")));
                     }
-                    self.read_body(resp, len).await
                 }
-                200 => {
-                    if !self.inner.warned_full_range.swap(true, Ordering::Relaxed) {
-                        tracing::warn!(registry = r.registry(), blob = %d, "registry ignored Range and sent the whole blob; range reads will be slow");
-                    }
-                    self.stats_ref().count_full_body_for_range();
-                    self.read_prefix_slice(resp, offset, len).await
-                }
-                416 => {
-                    return Err(bad(
-                        "range not satisfiable (past the end of the blob)".into()
-                    ))
-                }
-                _ => {
-                    return Err(self
-                        .error_for(resp, "GET", &format!("{r} blob {d}"), &ep.host)
-                        .await)
-                }
-            };
-            match res {
-                Ok(b) if b.len() as u64 == len => return Ok(b),
-                Ok(b) => return Err(bad(format!("short read: got {} bytes", b.len()))),
-                Err(RegistryError::TooLarge { size, .. }) => {
-                    return Err(bad(format!(
-                        "server sent more than requested ({size} bytes)"
-                    )))
-                }
-                Err(e) if self.body_retry(attempt, &e).await => attempt += 1,
-                Err(e) => return Err(e),
+                self.read_body(resp, len).await
             }
+            200 => {
+                if !self.inner.warned_full_range.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(registry = r.registry(), blob = %d, "registry ignored Range and sent the whole blob; range reads will be slow");
+                }
+                self.stats_ref().count_full_body_for_range();
+                self.read_prefix_slice(resp, offset, len).await
+            }
+            416 => {
+                return Err(bad(
+                    "range not satisfiable (past the end of the blob)".into()
+                ))
+            }
+            _ => {
+                return Err(self
+                    .error_for(resp, "GET", &format!("{r} blob {d}"), &ep.host)
+                    .await)
+            }
+        };
+        match res {
+            Ok(b) if b.len() as u64 == len => Ok(b),
+            Ok(b) => Err(bad(format!("short read: got {} bytes", b.len()))),
+            Err(RegistryError::TooLarge { size, .. }) => Err(bad(format!(
+                "server sent more than requested ({size} bytes)"
+            ))),
+            Err(e) => Err(e),
         }
     }
 

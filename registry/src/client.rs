@@ -2,10 +2,13 @@
 //! origin), attaches authorization, follows redirects itself (keeping `Range`, dropping
 //! `Authorization` when leaving the registry host), retries per [`crate::retry`] and counts
 //! every request in [`Stats`]. Operations live in `pull.rs`, `blob.rs` and `push.rs`.
+//!
+//! Range reads are sent as single attempts ([`Req::single_attempt`]): no retry loop and no
+//! resend after a 401 here; [`crate::RangeSource::read`] owns their one retry budget.
 
 use crate::auth::{Authenticator, CredentialSource};
 use crate::config::{Capability, Endpoint, RegistryConfig};
-use crate::error::RegistryError;
+use crate::error::{is_retryable_transport, RegistryError};
 use crate::retry::{next_delay, parse_retry_after, random_jitter, Outcome};
 use crate::stats::{Kind, Stats, StatsSnapshot};
 use crate::tls::{build_http, tls_keys, TlsKey};
@@ -64,7 +67,15 @@ pub(crate) struct Req {
     /// Ask the origin first, mirrors after it (a refetch after a mirror's bytes failed
     /// verification); any endpoint but the last falls through on a miss or an error.
     pub origin_first: bool,
+    /// One attempt only: no retries, and a 401 is answered (challenge recorded, rejected
+    /// token dropped) but not resent; the caller's retry budget decides (range reads).
+    pub single_attempt: bool,
 }
+
+/// Marks a 401 response of a single-attempt request after which new credentials are ready
+/// for the next attempt (read by [`Client::error_for`]).
+#[derive(Clone, Copy, Debug)]
+struct AuthRenewable;
 
 impl Req {
     pub(crate) fn new(method: Method, target: Target, kind: Kind, scopes: Vec<String>) -> Self {
@@ -79,6 +90,7 @@ impl Req {
             kind,
             idempotent,
             origin_first: false,
+            single_attempt: false,
         }
     }
 
@@ -98,10 +110,6 @@ fn host_of(url: &Url) -> String {
         (Some(h), None) => h.to_string(),
         _ => String::new(),
     }
-}
-
-fn is_retryable_transport(e: &reqwest::Error) -> bool {
-    e.is_connect() || e.is_timeout() || e.is_request() || e.is_body()
 }
 
 impl Client {
@@ -227,7 +235,8 @@ impl Client {
         })
     }
 
-    /// Send `req` to one endpoint with auth, redirects and retries.
+    /// Send `req` to one endpoint with auth, redirects and retries (one try and no 401
+    /// resend for [`Req::single_attempt`]).
     pub(crate) async fn execute_on(
         &self,
         ep: &Endpoint,
@@ -248,18 +257,22 @@ impl Client {
                 .send_following(http, ep, url.clone(), req, authz.as_deref())
                 .await
             {
-                Ok(resp) if resp.status() == StatusCode::UNAUTHORIZED && !auth_refreshed => {
+                Ok(mut resp) if resp.status() == StatusCode::UNAUTHORIZED && !auth_refreshed => {
                     let www = resp
                         .headers()
                         .get(WWW_AUTHENTICATE)
                         .and_then(|v| v.to_str().ok())
                         .map(str::to_string);
-                    if self
+                    let renewable = self
                         .inner
                         .auth
                         .on_unauthorized(&ep.host, www.as_deref(), &req.scopes, authz.as_deref())
-                        .await
-                    {
+                        .await;
+                    if renewable && req.single_attempt {
+                        resp.extensions_mut().insert(AuthRenewable);
+                        return Ok(resp);
+                    }
+                    if renewable {
                         drain(resp).await;
                         auth_refreshed = true;
                         self.inner.stats.count_auth_retry();
@@ -276,7 +289,8 @@ impl Client {
                             .and_then(|v| v.to_str().ok())
                             .and_then(parse_retry_after),
                     };
-                    match next_delay(policy, retry, req.idempotent, outcome, random_jitter()) {
+                    let retryable = req.idempotent && !req.single_attempt;
+                    match next_delay(policy, retry, retryable, outcome, random_jitter()) {
                         Some(delay) => {
                             tracing::debug!(url = %url, status = %resp.status(), ?delay, "retrying");
                             drain(resp).await;
@@ -292,7 +306,7 @@ impl Client {
                     url: u,
                     error: source,
                 }) => {
-                    let d = if is_retryable_transport(&source) {
+                    let d = if is_retryable_transport(&source) && !req.single_attempt {
                         next_delay(
                             policy,
                             retry,
@@ -427,6 +441,9 @@ impl Client {
     ) -> RegistryError {
         let status = resp.status().as_u16();
         let url = resp.url().to_string();
+        let renewable = resp.extensions().get::<AuthRenewable>().is_some();
+        let retry_after =
+            header_str(resp.headers(), RETRY_AFTER.as_str()).and_then(parse_retry_after);
         let body = match self.read_body(resp, 64 << 10).await {
             Ok(b) => String::from_utf8_lossy(&b[..b.len().min(ERROR_BODY_QUOTE)])
                 .trim()
@@ -443,6 +460,7 @@ impl Client {
                 url,
                 host: host.to_string(),
                 detail: body,
+                renewable,
             },
             _ => RegistryError::Status {
                 method: method.to_string(),
@@ -450,6 +468,7 @@ impl Client {
                 status,
                 body,
                 hint: RegistryError::hint_for(status),
+                retry_after,
             },
         }
     }

@@ -1,6 +1,8 @@
 //! `RegistryError`: every way talking to a registry can fail, with the URL, reference or digest
 //! involved and a hint what to do about it.
 
+use crate::retry::ErrorKind;
+use std::time::Duration;
 use thiserror::Error;
 
 /// Errors of the registry client.
@@ -29,6 +31,8 @@ pub enum RegistryError {
         status: u16,
         body: String,
         hint: &'static str,
+        /// The response's `Retry-After` (delay-seconds form), if any.
+        retry_after: Option<Duration>,
     },
 
     #[error("{method} {url}: unauthorized after fetching credentials: {detail} (hint: check the credentials for {host} in $DOCKER_CONFIG/config.json or ~/.docker/config.json)")]
@@ -37,6 +41,9 @@ pub enum RegistryError {
         url: String,
         host: String,
         detail: String,
+        /// The 401 carried a challenge the client can answer with new credentials on the
+        /// next attempt (single-attempt range reads leave that attempt to the caller).
+        renewable: bool,
     },
 
     #[error("token request to {realm} failed: {detail} (hint: check the credentials for {host})")]
@@ -117,6 +124,52 @@ impl RegistryError {
         }
     }
 
+    /// The retry kind of this error (what a range read does about it).
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            RegistryError::Transport { error, .. } => {
+                if is_retryable_transport(error) {
+                    ErrorKind::Retryable
+                } else {
+                    ErrorKind::Terminal
+                }
+            }
+            RegistryError::Status { status, .. } => match status {
+                429 => ErrorKind::Retryable,
+                501 | 505 => ErrorKind::Terminal,
+                500..=599 => ErrorKind::Retryable,
+                _ => ErrorKind::Terminal,
+            },
+            RegistryError::Unauthorized { renewable, .. } => {
+                if *renewable {
+                    ErrorKind::Auth
+                } else {
+                    ErrorKind::Terminal
+                }
+            }
+            RegistryError::Token { .. } => ErrorKind::Auth,
+            RegistryError::DigestMismatch { .. } => ErrorKind::Integrity,
+            RegistryError::BadReference { .. }
+            | RegistryError::BadConfig { .. }
+            | RegistryError::ConfigIo { .. }
+            | RegistryError::Credentials { .. }
+            | RegistryError::Protocol { .. }
+            | RegistryError::TooLarge { .. }
+            | RegistryError::BadManifest { .. }
+            | RegistryError::NotFound { .. }
+            | RegistryError::BadRange { .. }
+            | RegistryError::Io { .. } => ErrorKind::Terminal,
+        }
+    }
+
+    /// The server's `Retry-After`, if the error carries one.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            RegistryError::Status { retry_after, .. } => *retry_after,
+            _ => None,
+        }
+    }
+
     /// HTTP status carried by the error, if any.
     pub fn status(&self) -> Option<u16> {
         match self {
@@ -124,6 +177,87 @@ impl RegistryError {
             RegistryError::NotFound { .. } => Some(404),
             _ => None,
         }
+    }
+}
+
+/// Transport failures worth another attempt: connect errors, timeouts, broken requests or
+/// bodies (resets).
+pub(crate) fn is_retryable_transport(e: &reqwest::Error) -> bool {
+    e.is_connect() || e.is_timeout() || e.is_request() || e.is_body()
+}
+
+/// The error of one failed attempt of a range read: its [`ErrorKind`] (the only thing the
+/// retry decision looks at), the server's `Retry-After` if any, and the error itself.
+#[derive(Debug, Error)]
+#[error("{error}")]
+pub struct SourceError {
+    kind: ErrorKind,
+    retry_after: Option<Duration>,
+    error: Box<dyn std::error::Error + Send + Sync>,
+}
+
+impl SourceError {
+    /// An error of `kind`.
+    pub fn new(
+        kind: ErrorKind,
+        error: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
+        SourceError {
+            kind,
+            retry_after: None,
+            error: error.into(),
+        }
+    }
+
+    /// With a server-requested delay before the next attempt.
+    pub fn with_retry_after(mut self, after: Option<Duration>) -> Self {
+        self.retry_after = after;
+        self
+    }
+
+    /// What kind of failure this is.
+    pub fn kind(&self) -> ErrorKind {
+        self.kind
+    }
+
+    /// The server's `Retry-After`, if any.
+    pub fn retry_after(&self) -> Option<Duration> {
+        self.retry_after
+    }
+
+    /// The underlying error (e.g. a [`RegistryError`]).
+    pub fn error(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+        &*self.error
+    }
+
+    /// The underlying error, owned.
+    pub fn into_error(self) -> Box<dyn std::error::Error + Send + Sync> {
+        self.error
+    }
+
+    /// The underlying error as a [`RegistryError`], if it is one.
+    pub fn registry_error(&self) -> Option<&RegistryError> {
+        self.error.downcast_ref()
+    }
+
+    /// The `std::io::ErrorKind` a synchronous reader reports for this error.
+    pub fn io_kind(&self) -> std::io::ErrorKind {
+        match self.registry_error() {
+            Some(RegistryError::NotFound { .. }) => std::io::ErrorKind::NotFound,
+            Some(RegistryError::BadRange { .. }) => std::io::ErrorKind::UnexpectedEof,
+            _ if self.kind == ErrorKind::Integrity => std::io::ErrorKind::InvalidData,
+            _ => match self.error.downcast_ref::<std::io::Error>() {
+                Some(e) => e.kind(),
+                None => std::io::ErrorKind::Other,
+            },
+        }
+    }
+}
+
+impl From<RegistryError> for SourceError {
+    fn from(e: RegistryError) -> Self {
+        let (kind, after) = (e.kind(), e.retry_after());
+        SourceError::new(kind, e).with_retry_after(after)
     }
 }
 

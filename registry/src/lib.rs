@@ -12,7 +12,11 @@
 //! - [`Client`] (client.rs): endpoints, auth, redirects, retries, [`StatsSnapshot`] counters;
 //!   operations in pull.rs (resolve, manifests), blob.rs (HEAD, GET, range GET, stream) and
 //!   push.rs (monolithic/chunked upload, mount, manifest push).
-//! - [`range_reader`]: [`BlobRangeReader`], the sync `RangeRead` over a blob.
+//! - [`source`]: [`RangeSource`], the one async range source (single-attempt `try_read`,
+//!   provided `read` with one retry budget per read, typed [`SourceError`] kinds), and
+//!   [`RegistryRangeSource`] over a registry blob.
+//! - [`range_reader`]: [`SyncRangeReader`], the sync `RangeRead` over any [`RangeSource`]
+//!   ([`BlobRangeReader`] over a registry blob).
 
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
@@ -31,6 +35,7 @@ mod push;
 pub mod range_reader;
 pub mod reference;
 pub mod retry;
+pub mod source;
 pub mod stats;
 mod tls;
 
@@ -39,14 +44,18 @@ pub use blob::{parse_content_range, range_header};
 pub use bytes::Bytes;
 pub use client::Client;
 pub use config::{Capability, Endpoint, HostConfig, MirrorConfig, RegistryConfig};
-pub use error::{causes, RegistryError};
+pub use error::{causes, RegistryError, SourceError};
 pub use manifest::{
     platform_matches, select_platform, Descriptor, ImageIndex, ImageManifest, Manifest, Platform,
 };
 pub use pull::ManifestBlob;
 pub use push::{finalize_url, BlobPush};
-pub use range_reader::BlobRangeReader;
+pub use range_reader::{BlobRangeReader, SyncRangeReader};
 pub use reference::Reference;
-pub use retry::RetryPolicy;
+pub use retry::{ErrorKind, RetryPolicy};
+pub use source::{
+    Attempt, ByteRange, RangeSource, ReadObserver, ReadOpts, ReadReport, RegistryRangeSource,
+    Verify,
+};
 pub use stats::StatsSnapshot;
 pub use weenv_format::Digest;

@@ -136,6 +136,7 @@ impl Mock {
                 max_retries: 3,
                 base_delay_ms: 1,
                 max_delay_ms: 5,
+                ..RetryPolicy::default()
             },
             ..RegistryConfig::default()
         };
@@ -374,6 +375,7 @@ async fn tls_is_the_default_no_silent_downgrade() {
             max_retries: 0,
             base_delay_ms: 1,
             max_delay_ms: 1,
+            ..RetryPolicy::default()
         },
         ..RegistryConfig::default()
     })
@@ -520,7 +522,7 @@ async fn no_cache_range_asks_the_origin_before_the_mirror() {
     assert_eq!(&c.get_blob_range(&r, &d, 2, 3).await.unwrap()[..], b"XXX");
     // The refetch goes to the origin, asking caches on the way to revalidate.
     assert_eq!(
-        &c.get_blob_range_no_cache(&r, &d, 2, 3).await.unwrap()[..],
+        &c.try_get_blob_range(&r, &d, 2, 3, true).await.unwrap()[..],
         b"234"
     );
     let seen = origin.seen();
@@ -530,4 +532,41 @@ async fn no_cache_range_asks_the_origin_before_the_mirror() {
         Some("no-cache")
     );
     assert_eq!(mirror.seen().len(), 1);
+}
+
+#[tokio::test]
+async fn range_reads_have_one_budget_and_404_is_not_retried() {
+    let m = mock(vec![
+        status(503),
+        Answer::Http(429, vec![("Retry-After", "0".into())], vec![]),
+        Answer::Reset,
+        Answer::Http(
+            206,
+            vec![("Content-Range", "bytes 2-4/10".into())],
+            b"234".to_vec(),
+        ),
+        status(404),
+        status(500),
+        status(500),
+        status(500),
+        status(500),
+        status(500),
+        ok(b"never"),
+    ])
+    .await;
+    let c = m.client(CredentialSource::None);
+    let (r, d) = (m.reference(), Digest::sha256(b"0123456789"));
+    assert_eq!(&c.get_blob_range(&r, &d, 2, 3).await.unwrap()[..], b"234");
+    assert_eq!((m.seen().len(), c.stats().retries), (4, 3));
+    assert!(matches!(
+        c.get_blob_range(&r, &d, 2, 3).await,
+        Err(RegistryError::NotFound { .. })
+    ));
+    assert_eq!(m.seen().len(), 5, "a 404 is one request");
+    // always 5xx: 1 + max_retries (3 here) requests, not 4 x 4
+    assert!(matches!(
+        c.get_blob_range(&r, &d, 2, 3).await,
+        Err(RegistryError::Status { status: 500, .. })
+    ));
+    assert_eq!(m.seen().len(), 9);
 }

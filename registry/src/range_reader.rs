@@ -1,7 +1,9 @@
-//! `BlobRangeReader`: the synchronous [`weenv_format::RangeRead`] over a registry blob, for
-//! code without a runtime (CLIs, the format reader, FUSE worker threads).
+//! [`SyncRangeReader`]: the synchronous [`weenv_format::RangeRead`] over any async
+//! [`RangeSource`], for code without a runtime (CLIs, the format reader, FUSE worker threads).
+//! [`BlobRangeReader`] is it over a registry blob ([`RegistryRangeSource`]). It adds no retry
+//! of its own: each call is one [`RangeSource::read`] (one retry budget).
 //!
-//! Each call spawns the request on the runtime behind the stored [`tokio::runtime::Handle`]
+//! Each call spawns the read on the runtime behind the stored [`tokio::runtime::Handle`]
 //! and blocks the calling thread on a channel until it completes. Allowed callers:
 //! - plain threads outside any runtime (std::thread, rayon, FUSE loops): just block;
 //! - tasks on a **multi-thread** runtime: the wait runs inside `block_in_place`, so the
@@ -12,69 +14,90 @@
 //! only it can run); such calls fail with `io::ErrorKind::Unsupported` instead of hanging.
 //! The stored handle should belong to a multi-thread runtime.
 //!
-//! `size()` costs one HEAD the first time (cached), unless a size was given with
-//! [`BlobRangeReader::with_size`] (e.g. from the layer descriptor). `read_at` is one ranged GET.
+//! `size()` is [`RangeSource::resolve_size`]: for a registry blob one HEAD the first time
+//! (cached), unless a size was given with [`BlobRangeReader::with_size`] (e.g. from the layer
+//! descriptor). `read_at` is one [`RangeSource::read`].
 
 use crate::client::Client;
+use crate::error::SourceError;
 use crate::reference::Reference;
+use crate::source::{ByteRange, RangeSource, RegistryRangeSource};
 use std::future::Future;
 use std::io;
-use std::sync::OnceLock;
+use std::sync::Arc;
 use tokio::runtime::{Handle, RuntimeFlavor};
 use weenv_format::{Digest, RangeRead};
 
-/// Random access to one registry blob through [`Client::get_blob_range`].
-#[derive(Debug, Clone)]
-pub struct BlobRangeReader {
-    client: Client,
+/// Blocking random access over an async [`RangeSource`].
+#[derive(Debug)]
+pub struct SyncRangeReader<S: ?Sized> {
     handle: Handle,
-    reference: Reference,
-    digest: Digest,
-    size: OnceLock<u64>,
+    source: Arc<S>,
 }
+
+impl<S: ?Sized> Clone for SyncRangeReader<S> {
+    fn clone(&self) -> Self {
+        SyncRangeReader {
+            handle: self.handle.clone(),
+            source: self.source.clone(),
+        }
+    }
+}
+
+/// Random access to one registry blob.
+pub type BlobRangeReader = SyncRangeReader<RegistryRangeSource>;
 
 impl BlobRangeReader {
     /// Reader for blob `digest` in `reference`'s repository; requests run on `handle`.
     pub fn new(client: Client, handle: Handle, reference: Reference, digest: Digest) -> Self {
-        BlobRangeReader {
-            client,
+        SyncRangeReader::over(
+            Arc::new(RegistryRangeSource::new(client, reference, digest, None)),
             handle,
-            reference,
-            digest,
-            size: OnceLock::new(),
-        }
+        )
     }
 
     /// Use a known size (from the descriptor) so `size()` sends no HEAD.
     pub fn with_size(self, size: u64) -> Self {
-        let _ = self.size.set(size);
+        self.source.set_size(size);
         self
     }
 
     /// The blob digest.
     pub fn digest(&self) -> &Digest {
-        &self.digest
+        self.source.digest()
+    }
+}
+
+impl<S: RangeSource + ?Sized + 'static> SyncRangeReader<S> {
+    /// Blocking reads of `source`, run on `handle`.
+    pub fn over(source: Arc<S>, handle: Handle) -> Self {
+        SyncRangeReader { handle, source }
+    }
+
+    /// The async source.
+    pub fn source(&self) -> &Arc<S> {
+        &self.source
     }
 
     fn block<T: Send + 'static>(
         &self,
-        fut: impl Future<Output = io::Result<T>> + Send + 'static,
+        fut: impl Future<Output = Result<T, SourceError>> + Send + 'static,
     ) -> io::Result<T> {
         let in_current_thread_rt = Handle::try_current().map(|h| h.runtime_flavor());
         if let Ok(RuntimeFlavor::CurrentThread) = in_current_thread_rt {
             return Err(io::Error::new(
                 io::ErrorKind::Unsupported,
-                "BlobRangeReader called on a current-thread tokio runtime; call it from a plain thread, spawn_blocking or a multi-thread runtime",
+                "SyncRangeReader called on a current-thread tokio runtime; call it from a plain thread, spawn_blocking or a multi-thread runtime",
             ));
         }
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
         self.handle.spawn(async move {
-            let _ = tx.send(fut.await);
+            let _ = tx.send(fut.await.map_err(|e| io::Error::new(e.io_kind(), e)));
         });
         let wait = move || {
             rx.recv().unwrap_or_else(|_| {
                 Err(io::Error::other(
-                    "registry request task was dropped (runtime shut down?)",
+                    "range read task was dropped (runtime shut down?)",
                 ))
             })
         };
@@ -85,51 +108,21 @@ impl BlobRangeReader {
     }
 }
 
-fn to_io(e: crate::RegistryError) -> io::Error {
-    let kind = match &e {
-        crate::RegistryError::NotFound { .. } => io::ErrorKind::NotFound,
-        crate::RegistryError::BadRange { .. } => io::ErrorKind::UnexpectedEof,
-        crate::RegistryError::DigestMismatch { .. } => io::ErrorKind::InvalidData,
-        _ => io::ErrorKind::Other,
-    };
-    io::Error::new(kind, e)
-}
-
-impl RangeRead for BlobRangeReader {
+impl<S: RangeSource + ?Sized + 'static> RangeRead for SyncRangeReader<S> {
     fn size(&self) -> io::Result<u64> {
-        if let Some(s) = self.size.get() {
-            return Ok(*s);
+        if let Some(s) = self.source.size() {
+            return Ok(s);
         }
-        let (c, r, d) = (
-            self.client.clone(),
-            self.reference.clone(),
-            self.digest.clone(),
-        );
-        let size = self.block(async move {
-            match c.head_blob(&r, &d).await {
-                Ok(Some(s)) => Ok(s),
-                Ok(None) => Err(io::Error::new(
-                    io::ErrorKind::NotFound,
-                    format!("blob {d} not found in {r}"),
-                )),
-                Err(e) => Err(to_io(e)),
-            }
-        })?;
-        let _ = self.size.set(size);
-        Ok(size)
+        let src = self.source.clone();
+        self.block(async move { src.resolve_size().await })
     }
 
     fn read_at(&self, offset: u64, len: u64) -> io::Result<Vec<u8>> {
-        let (c, r, d) = (
-            self.client.clone(),
-            self.reference.clone(),
-            self.digest.clone(),
-        );
+        let src = self.source.clone();
         self.block(async move {
-            c.get_blob_range(&r, &d, offset, len)
+            src.read(ByteRange::new(offset, len))
                 .await
                 .map(|b| b.to_vec())
-                .map_err(to_io)
         })
     }
 }

@@ -313,7 +313,7 @@ impl LayerStore {
         if self.has_layer(digest) {
             return Ok(self.layer_path(digest));
         }
-        let size = source.size();
+        let size = source.size().unwrap_or(u64::MAX);
         for (index, f) in toc.frames.iter().enumerate() {
             let end = f.offset.saturating_add(f.clen);
             if end > size {

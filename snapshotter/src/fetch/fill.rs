@@ -214,7 +214,9 @@ impl FillShared {
 /// Work run (blocking) after a layer's frames are all in L2, before its fill is `Done`.
 pub type AfterFill = Box<dyn FnOnce() + Send + 'static>;
 
-/// Fills one layer; returns when every frame is in L2 or has failed 3 times. `after` runs
+/// Fills one layer; returns when every frame is in L2 or its batch's read failed (after the
+/// source's one retry budget: no retry loop here; a failed fill is `Failed`, and the frames
+/// are fetched on demand or by the next fill). `after` runs
 /// (on a blocking thread) once every frame is in L2, before the state becomes `Done`.
 pub async fn run_fill(
     store: Arc<FrameStore>,
@@ -255,41 +257,37 @@ pub async fn run_fill(
                     .filter_map(|i| toc.frames.get(i.0 as usize))
                     .map(|f| f.clen)
                     .sum();
-                let mut last = None;
-                for attempt in 0..3u32 {
-                    let Ok(slot) = shared.slots.acquire().await else {
-                        return true; // semaphore closed: shutting down
-                    };
-                    store.wait_demand_quiet(quiet).await;
-                    let wait = pace(
-                        shared.sent.fetch_add(bytes, Ordering::Relaxed),
-                        rate,
-                        shared.started.elapsed(),
-                    );
-                    if !wait.is_zero() {
-                        tokio::time::sleep(wait).await;
+                let Ok(slot) = shared.slots.acquire().await else {
+                    return true; // semaphore closed: shutting down
+                };
+                store.wait_demand_quiet(quiet).await;
+                let wait = pace(
+                    shared.sent.fetch_add(bytes, Ordering::Relaxed),
+                    rate,
+                    shared.started.elapsed(),
+                );
+                if !wait.is_zero() {
+                    tokio::time::sleep(wait).await;
+                }
+                // One read: the source's retry budget is the only retrying.
+                let res = store
+                    .get_frames(&toc.frames, &source, &batch, Priority::Fill)
+                    .await;
+                drop(slot);
+                match res {
+                    Ok(_) => {
+                        progress
+                            .frames_done
+                            .fetch_add(batch.len() as u64, Ordering::Relaxed);
+                        progress.bytes_fetched.fetch_add(bytes, Ordering::Relaxed);
+                        false
                     }
-                    let res = store
-                        .get_frames(&toc.frames, &source, &batch, Priority::Fill)
-                        .await;
-                    drop(slot);
-                    match res {
-                        Ok(_) => {
-                            progress
-                                .frames_done
-                                .fetch_add(batch.len() as u64, Ordering::Relaxed);
-                            progress.bytes_fetched.fetch_add(bytes, Ordering::Relaxed);
-                            return false;
-                        }
-                        Err(e) => {
-                            tracing::warn!(error = %e, attempt, "background fill request failed");
-                            last = Some(e.to_string());
-                            tokio::time::sleep(Duration::from_millis(200 << attempt)).await;
-                        }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "background fill request failed");
+                        *progress.last_error.lock() = Some(e.to_string());
+                        true
                     }
                 }
-                *progress.last_error.lock() = last;
-                true
             }
         })
         .buffer_unordered(cfg.concurrency.max(1))
@@ -405,5 +403,36 @@ mod tests {
         );
         assert!(toc.frames.iter().all(|f| store.l2().contains(&f.digest)));
         assert!(metrics.bytes_fetched_fill.load(Ordering::Relaxed) > 0);
+    }
+
+    #[tokio::test]
+    async fn a_failing_batch_is_read_once_not_three_times() {
+        use crate::fetch::testutil::{six_file_store, MemSource};
+        let (toc, _blob, store, metrics, _dir) = six_file_store();
+        let src = MemSource::new(Vec::new()); // every range is past the end: terminal
+        let progress = Arc::new(FillProgress::default());
+        let cfg = FillConfig {
+            batch_bytes: u64::MAX,
+            quiet_ms: 0,
+            ..FillConfig::default()
+        };
+        run_fill(
+            store,
+            toc,
+            src.clone(),
+            cfg,
+            progress.clone(),
+            Arc::new(FillShared::new(2)),
+            None,
+        )
+        .await;
+        assert_eq!(progress.state(), FillState::Failed);
+        assert_eq!(
+            src.requests().len(),
+            1,
+            "one attempt, no fill-level retries"
+        );
+        assert_eq!(metrics.range_request_errors.load(Ordering::Relaxed), 1);
+        assert!(progress.last_error().unwrap().contains("terminal"));
     }
 }

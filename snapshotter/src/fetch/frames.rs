@@ -1,12 +1,15 @@
 //! [`FrameStore`]: verified frames by index, from L1, L2 or the layer's source.
 //!
 //! Contract:
-//! - every frame returned or cached matched its TOC digest (`decode_frame`); on a mismatch the
-//!   frame is fetched once more straight from the source (no cache can hold it: only verified
-//!   frames are cached; the source is asked to bypass its own, e.g. HTTP caches) and served if
-//!   that verifies; a second mismatch fails the read (the caller answers EIO). Every mismatch
-//!   is counted; one log line per event names layer and frame (rate-limited); bad bytes are
-//!   never cached, and the next read fetches again;
+//! - every frame returned or cached matched its TOC digest (`decode_frame`), checked as the
+//!   [`weenv_registry::Verify`] of the range read: on a mismatch the source's provided
+//!   `read_with` fetches the range once more, fresh (no cache here can hold it: only verified
+//!   frames are cached; the source is asked to bypass its own, e.g. HTTP caches), and frames
+//!   that verify in either attempt are served; a second mismatch fails the frame's read (the
+//!   caller answers EIO). Every mismatch is counted; one log line per event names layer and
+//!   frame (rate-limited); bad bytes are never cached, and the next read fetches again;
+//! - retries, timeouts and the request/latency/bytes metrics are the source's provided read
+//!   (`registry/src/source.rs`), once per range request ([`FetchObserver`]);
 //! - single flight: concurrent misses of one frame digest cause one fetch; the claimer
 //!   publishes the result on a `watch` channel that waiters subscribe to; no lock is held
 //!   across an await (the in-flight map is locked only to claim or join);
@@ -26,6 +29,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::{watch, Notify};
 use weenv_format::{Digest, Frame, FrameIdx};
+use weenv_registry::{ByteRange, ReadObserver, ReadOpts, ReadReport, Verify};
 
 /// Why frames are wanted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -116,6 +120,84 @@ enum Plan<'a> {
     Have(Bytes),
     Fetch(Claim<'a>),
     Wait(watch::Receiver<Slot>),
+}
+
+/// Verifies the frames of one range request in each attempt's bytes, caching each frame
+/// that verifies (the source's `read_with` refetches the range once, fresh, if any frame is
+/// bad). Remembers each frame's first failure.
+struct FrameCheck<'a> {
+    store: &'a FrameStore,
+    frames: Vec<(FrameIdx, &'a Frame)>,
+    prio: Priority,
+    state: Mutex<CheckState>,
+}
+
+#[derive(Default)]
+struct CheckState {
+    /// Frames that verified (in any attempt).
+    good: HashMap<FrameIdx, Bytes>,
+    /// First verification failure of each frame that failed.
+    bad: HashMap<FrameIdx, String>,
+    /// Frames that could not be checked (a local failure, not the bytes).
+    failed: HashMap<FrameIdx, FetchError>,
+}
+
+#[async_trait::async_trait]
+impl Verify for FrameCheck<'_> {
+    async fn verify(&self, range: ByteRange, bytes: &Bytes) -> Result<(), String> {
+        let mut first = None;
+        for (idx, f) in &self.frames {
+            let known = self.state.lock().good.contains_key(idx);
+            if known {
+                continue;
+            }
+            let res = self
+                .store
+                .verify_and_cache(f, bytes, range.offset, self.prio)
+                .await;
+            let mut st = self.state.lock();
+            match res {
+                Ok(b) => {
+                    st.failed.remove(idx);
+                    st.good.insert(*idx, b);
+                }
+                Err(Bad(reason)) => {
+                    first = first.or_else(|| Some(format!("frame {}: {reason}", idx.0)));
+                    st.bad.entry(*idx).or_insert(reason);
+                }
+                Err(Failed(e)) => {
+                    st.failed.insert(*idx, e);
+                }
+            }
+        }
+        first.map_or(Ok(()), Err)
+    }
+}
+
+/// Records one range read in the metrics: requests (attempts), latency, bytes by priority,
+/// errors.
+struct FetchObserver<'a> {
+    metrics: &'a Metrics,
+    prio: Priority,
+}
+
+impl ReadObserver for FetchObserver<'_> {
+    fn on_read(&self, r: &ReadReport) {
+        let m = self.metrics;
+        m.range_requests
+            .fetch_add(u64::from(r.attempts), Ordering::Relaxed);
+        m.observe_fetch_latency(r.latency);
+        if r.error.is_some() {
+            m.range_request_errors.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        let counter = match self.prio {
+            Priority::Fill => &m.bytes_fetched_fill,
+            Priority::Prefetch => &m.bytes_fetched_prefetch,
+            Priority::OnDemand | Priority::ReadAhead => &m.bytes_fetched_on_demand,
+        };
+        counter.fetch_add(r.bytes, Ordering::Relaxed);
+    }
 }
 
 impl FrameStore {
@@ -352,62 +434,72 @@ impl FrameStore {
         group: Vec<(FrameIdx, Vec<(usize, Claim<'a>)>)>,
         prio: Priority,
     ) -> Vec<(usize, Result<Bytes, FetchError>)> {
-        let t0 = Instant::now();
         self.in_flight.fetch_add(req.len, Ordering::Relaxed);
         let _in_flight = InFlight(&self.in_flight, req.len);
-        self.metrics.range_requests.fetch_add(1, Ordering::Relaxed);
-        let res = source.read_range(req.offset, req.len).await;
-        self.metrics.observe_fetch_latency(t0.elapsed());
-        let res = res.and_then(|b| {
-            if b.len() as u64 == req.len {
-                Ok(b)
-            } else {
-                Err(FetchError::ShortRead {
-                    source_name: source.name(),
-                    offset: req.offset,
-                    expected: req.len,
-                    actual: b.len() as u64,
-                })
-            }
-        });
-        let counter = match prio {
-            Priority::Fill => &self.metrics.bytes_fetched_fill,
-            Priority::Prefetch => &self.metrics.bytes_fetched_prefetch,
-            Priority::OnDemand | Priority::ReadAhead => &self.metrics.bytes_fetched_on_demand,
+        let range = ByteRange::new(req.offset, req.len);
+        let check = FrameCheck {
+            store: self,
+            frames: group
+                .iter()
+                .filter_map(|(idx, _)| frames.get(idx.0 as usize).map(|f| (*idx, f)))
+                .collect(),
+            prio,
+            state: Mutex::new(CheckState::default()),
         };
+        let observer = FetchObserver {
+            metrics: &self.metrics,
+            prio,
+        };
+        let opts = ReadOpts {
+            verify: Some(&check),
+            observer: Some(&observer),
+        };
+        let layer = source.name();
+        let err = source
+            .read_with(range, opts)
+            .await
+            .err()
+            .map(|e| FetchError::source(layer.clone(), range, e));
+        let st = check.state.into_inner();
+        if let Some(e) = &err {
+            if st.bad.is_empty() && prio != Priority::Fill && self.may_log() {
+                tracing::warn!(error = %e, "range request failed; reads of these frames get EIO (further errors this second not logged)");
+            }
+        }
         let mut out = Vec::new();
-        let blob = match res {
-            Ok(b) => {
-                counter.fetch_add(req.len, Ordering::Relaxed);
-                b
-            }
-            Err(e) => {
-                self.metrics
-                    .range_request_errors
-                    .fetch_add(1, Ordering::Relaxed);
-                if prio != Priority::Fill && self.may_log() {
-                    tracing::warn!(error = %e, "range request failed; reads of these frames get EIO (further errors this second not logged)");
-                }
-                for (_, claims) in group {
-                    for (i, c) in claims {
-                        out.push((i, Err(e.clone())));
-                        c.finish(Err(e.clone()));
-                    }
-                }
-                return out;
-            }
-        };
         for (idx, claims) in group {
             let r = match frames.get(idx.0 as usize) {
-                Some(f) => match self.verify_and_cache(f, &blob, req.offset, prio).await {
-                    Err(Bad(reason)) => self.refetch_once(f, idx, source, prio, &reason).await,
-                    Ok(b) => Ok(b),
-                    Err(Failed(e)) => Err(e),
-                },
                 None => Err(FetchError::BadFrameIndex {
                     index: idx.0,
                     frames: frames.len(),
                 }),
+                Some(f) => match (st.good.get(&idx), st.bad.get(&idx), st.failed.get(&idx)) {
+                    (Some(b), first, _) => {
+                        if let Some(first) = first {
+                            if self.may_log() {
+                                tracing::warn!(layer, frame = idx.0, digest = %f.digest, offset = f.offset, reason = first, "frame failed verification; the refetch verified and is served (further messages this second not logged)");
+                            }
+                        }
+                        Ok(b.clone())
+                    }
+                    (None, _, Some(e)) => Err(e.clone()),
+                    (None, Some(first), None) => {
+                        if self.may_log() {
+                            let second = err.as_ref().map(ToString::to_string);
+                            tracing::error!(layer, frame = idx.0, digest = %f.digest, offset = f.offset, first, second, "frame failed verification, and again after a refetch; reads of it get EIO (further messages this second not logged)");
+                        }
+                        Err(FetchError::Verify {
+                            layer: layer.clone(),
+                            index: idx.0,
+                            frame: f.digest.clone(),
+                            offset: f.offset,
+                            reason: first.clone(),
+                        })
+                    }
+                    (None, None, None) => Err(err.clone().unwrap_or_else(|| {
+                        FetchError::Stopped(format!("frame {} was not verified", idx.0))
+                    })),
+                },
             };
             let mut claims = claims.into_iter();
             if let Some((i, c)) = claims.next() {
@@ -421,51 +513,6 @@ impl FrameStore {
             }
         }
         out
-    }
-
-    /// One more fetch of frame `f` (index `idx`) straight from the source, bypassing the
-    /// caches (L1/L2 never held it: only verified frames are cached) and any cache inside the
-    /// source ([`BlobSource::read_range_fresh`]), after its bytes failed verification with
-    /// `first`. Serves and caches it only if it verifies now; otherwise the read gets EIO.
-    async fn refetch_once(
-        &self,
-        f: &Frame,
-        idx: FrameIdx,
-        source: &Arc<dyn BlobSource>,
-        prio: Priority,
-        first: &str,
-    ) -> Result<Bytes, FetchError> {
-        let layer = source.name();
-        self.metrics.range_requests.fetch_add(1, Ordering::Relaxed);
-        let t0 = Instant::now();
-        let res = source.read_range_fresh(f.offset, f.clen).await;
-        self.metrics.observe_fetch_latency(t0.elapsed());
-        let second = match res {
-            Ok(b) if b.len() as u64 == f.clen => {
-                match self.verify_and_cache(f, &b, f.offset, prio).await {
-                    Ok(b) => {
-                        if self.may_log() {
-                            tracing::warn!(layer, frame = idx.0, digest = %f.digest, offset = f.offset, reason = first, "frame failed verification; the refetch verified and is served (further messages this second not logged)");
-                        }
-                        return Ok(b);
-                    }
-                    Err(Bad(reason)) => reason,
-                    Err(Failed(e)) => return Err(e),
-                }
-            }
-            Ok(b) => format!("refetch returned {} of {} bytes", b.len(), f.clen),
-            Err(e) => format!("refetch failed: {e}"),
-        };
-        if self.may_log() {
-            tracing::error!(layer, frame = idx.0, digest = %f.digest, offset = f.offset, first, second, "frame failed verification, and again after a refetch; reads of it get EIO (further messages this second not logged)");
-        }
-        Err(FetchError::Verify {
-            layer,
-            index: idx.0,
-            frame: f.digest.clone(),
-            offset: f.offset,
-            reason: first.to_string(),
-        })
     }
 
     /// Decode and verify frame `f` from `blob` (which starts at blob offset `base`); cache it
@@ -767,5 +814,53 @@ mod tests {
         let ok = get().await.unwrap();
         assert_eq!(ok.len(), 2);
         assert_eq!(src.requests().len(), 2);
+    }
+
+    #[tokio::test]
+    async fn a_bad_frame_in_a_coalesced_range_refetches_the_range_once_and_serves_the_good_ones() {
+        use crate::fetch::testutil::CorruptFirst;
+        let (fx, blob) = fixture(None);
+        let n = fx.toc.frames.len();
+        let mid_frame = fx
+            .toc
+            .frames
+            .iter()
+            .position(|f| {
+                let mid = (fx.toc.frames[n - 1].offset + fx.toc.frames[n - 1].clen) / 2;
+                f.offset <= mid && mid < f.offset + f.clen
+            })
+            .unwrap();
+        // the corrupt byte sits in the middle of the one coalesced request, twice
+        let src = CorruptFirst::new(MemSource::new(blob), 2);
+        let s: Arc<dyn BlobSource> = src.clone();
+        let want: Vec<FrameIdx> = (0..n as u32).map(FrameIdx).collect();
+        let err = fx
+            .store
+            .get_frames(&fx.toc.frames, &s, &want, Priority::OnDemand)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, FetchError::Verify { index, .. } if index as usize == mid_frame),
+            "{err}"
+        );
+        assert_eq!(*src.fresh.lock(), vec![false, true], "one refetch, fresh");
+        assert_eq!(fx.metrics.range_requests.load(Ordering::Relaxed), 2);
+        for (i, f) in fx.toc.frames.iter().enumerate() {
+            assert_eq!(
+                fx.store.l2().contains(&f.digest),
+                i != mid_frame,
+                "frame {i}"
+            );
+        }
+        // the next read fetches only the bad frame, and it verifies now
+        src.inner.log.lock().clear();
+        let got = fx
+            .store
+            .get_frames(&fx.toc.frames, &s, &want, Priority::OnDemand)
+            .await
+            .unwrap();
+        assert_eq!(got.len(), n);
+        let f = &fx.toc.frames[mid_frame];
+        assert_eq!(src.inner.requests(), vec![(f.offset, f.clen)]);
     }
 }

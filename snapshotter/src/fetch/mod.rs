@@ -1,12 +1,14 @@
 //! Getting verified frames: blob sources, coalescing, single flight, read-ahead, fill.
 //!
-//! - [`source`]: the [`BlobSource`] trait (the network sits behind it) and its
-//!   implementations: [`FileBlobSource`] (local file, tests/benches) and
-//!   [`RegistryBlobSource`] (ranged GETs through `weenv_registry`).
+//! - [`source`]: [`BlobSource`], the fetch path's name for `weenv_registry::RangeSource`
+//!   (the network sits behind it; its provided `read` owns the one retry budget per read:
+//!   `registry/src/source.rs`), and [`FileBlobSource`] (local file, tests/benches);
+//!   registry blobs are `weenv_registry::RegistryRangeSource`.
 //! - [`plan`]: pure coalescing of frame misses into range requests.
 //! - [`frames`]: [`FrameStore`], the read path L1 -> L2 -> source with single flight per
 //!   frame and verification of every frame before it is cached or served.
-//! - [`fill`]: background fill of whole layers, lower priority than on-demand reads.
+//! - [`fill`]: background fill of whole layers, lower priority than on-demand reads (one read
+//!   per batch, no retry loop of its own).
 
 pub mod fill;
 pub mod frames;
@@ -18,29 +20,24 @@ pub(crate) mod testutil;
 pub use fill::{FillConfig, FillProgress, FillShared, FillState};
 pub use frames::{FrameStore, Priority};
 pub use prefetch::{run_prefetch, PrefetchProgress};
-pub use source::{BlobSource, CountingSource, FileBlobSource, RegistryBlobSource};
+pub use source::{BlobSource, CountingSource, FileBlobSource};
 
+use std::sync::Arc;
 use thiserror::Error;
 use weenv_format::Digest;
+use weenv_registry::{ByteRange, ErrorKind, SourceError};
 
 /// Errors of the fetch path. Cloneable: one failed fetch is reported to every waiter.
 #[derive(Clone, Debug, Error)]
 pub enum FetchError {
-    #[error("fetching {len} bytes at offset {offset} of {source_name}: {reason} (check registry reachability and credentials)")]
+    /// The source's read failed (after its retry budget); `kind` says why it stopped.
+    #[error("fetching {len} bytes at offset {offset} of {source_name}: {error} ({kind} error; check registry reachability and credentials)")]
     Source {
         source_name: String,
         offset: u64,
         len: u64,
-        reason: String,
-    },
-    #[error(
-        "source {source_name} returned {actual} bytes for a {expected}-byte range at {offset}"
-    )]
-    ShortRead {
-        source_name: String,
-        offset: u64,
-        expected: u64,
-        actual: u64,
+        kind: ErrorKind,
+        error: Arc<SourceError>,
     },
     #[error("frame {index} ({frame}, at blob offset {offset}) of {layer} failed verification twice (fetched, then refetched bypassing the caches): {reason}; nothing was cached or served, the next read fetches it again")]
     Verify {
@@ -59,6 +56,17 @@ pub enum FetchError {
 }
 
 impl FetchError {
+    /// The read of `range` from source `source_name` failed with `error`.
+    pub fn source(source_name: String, range: ByteRange, error: SourceError) -> Self {
+        FetchError::Source {
+            source_name,
+            offset: range.offset,
+            len: range.len,
+            kind: error.kind(),
+            error: Arc::new(error),
+        }
+    }
+
     /// The errno a FUSE read answers with (the one mapping from fetch errors to FUSE).
     /// Every fetch failure is an I/O error to the reader: the data exists but cannot be
     /// produced right now (network, verification); a retry may succeed.

@@ -1,7 +1,9 @@
-//! Blob sources: random read access to one layer blob. The network sits behind
-//! [`BlobSource`]; the fetch path only sees ranges and bytes.
+//! Blob sources: random read access to one layer blob through [`weenv_registry::RangeSource`]
+//! (named [`BlobSource`] in the fetch path): the network sits behind it, and its provided
+//! `read` owns the one retry budget per read. Here: [`FileBlobSource`] (a local file: tests,
+//! benches) and [`CountingSource`] (records every attempt). Registry blobs are
+//! [`weenv_registry::RegistryRangeSource`].
 
-use super::FetchError;
 use async_trait::async_trait;
 use bytes::Bytes;
 use parking_lot::Mutex;
@@ -9,26 +11,12 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use weenv_registry::{Attempt, ByteRange, ErrorKind, RangeSource, RetryPolicy, SourceError};
 
-/// Random read access to one immutable layer blob.
-#[async_trait]
-pub trait BlobSource: Send + Sync {
-    /// Exactly `len` bytes at `offset` (an error if the blob is shorter).
-    async fn read_range(&self, offset: u64, len: u64) -> Result<Bytes, FetchError>;
-    /// [`BlobSource::read_range`], bypassing any cache the source has on the way (used once
-    /// after bytes failed verification). Default: `read_range`.
-    async fn read_range_fresh(&self, offset: u64, len: u64) -> Result<Bytes, FetchError> {
-        self.read_range(offset, len).await
-    }
-    /// Blob size in bytes.
-    fn size(&self) -> u64;
-    /// Human-readable name for errors and logs (e.g. `registry/repo@sha256:..`).
-    fn name(&self) -> String {
-        "blob".to_string()
-    }
-}
+/// The fetch path's name for [`RangeSource`]: random read access to one immutable layer blob.
+pub use weenv_registry::RangeSource as BlobSource;
 
-/// A layer blob in a local file.
+/// A layer blob in a local file. Read errors are terminal (a local file does not heal).
 #[derive(Debug)]
 pub struct FileBlobSource {
     path: PathBuf,
@@ -50,31 +38,24 @@ impl FileBlobSource {
 }
 
 #[async_trait]
-impl BlobSource for FileBlobSource {
-    async fn read_range(&self, offset: u64, len: u64) -> Result<Bytes, FetchError> {
+impl RangeSource for FileBlobSource {
+    async fn try_read(&self, range: ByteRange, _: Attempt) -> Result<Bytes, SourceError> {
         let file = self.file.clone();
-        let name = self.name();
-        let err = |reason: String| FetchError::Source {
-            source_name: name.clone(),
-            offset,
-            len,
-            reason,
-        };
-        let n = usize::try_from(len).map_err(|e| err(e.to_string()))?;
+        let n = usize::try_from(range.len).map_err(|e| SourceError::new(ErrorKind::Terminal, e))?;
         let res = tokio::task::spawn_blocking(move || {
             let mut buf = vec![0u8; n];
-            file.read_exact_at(&mut buf, offset).map(|()| buf)
+            file.read_exact_at(&mut buf, range.offset).map(|()| buf)
         })
         .await;
         match res {
             Ok(Ok(buf)) => Ok(Bytes::from(buf)),
-            Ok(Err(e)) => Err(err(e.to_string())),
-            Err(e) => Err(err(e.to_string())),
+            Ok(Err(e)) => Err(SourceError::new(ErrorKind::Terminal, e)),
+            Err(e) => Err(SourceError::new(ErrorKind::Terminal, e)),
         }
     }
 
-    fn size(&self) -> u64 {
-        self.size
+    fn size(&self) -> Option<u64> {
+        Some(self.size)
     }
 
     fn name(&self) -> String {
@@ -82,70 +63,7 @@ impl BlobSource for FileBlobSource {
     }
 }
 
-/// A layer blob in an OCI registry, read with ranged GETs through `weenv_registry`
-/// (auth, mirrors and retries are the client's business). Bytes are not verified here:
-/// the fetch path verifies every frame against the TOC.
-pub struct RegistryBlobSource {
-    client: weenv_registry::Client,
-    reference: weenv_registry::Reference,
-    digest: weenv_format::Digest,
-    size: u64,
-}
-
-impl RegistryBlobSource {
-    /// Blob `digest` (of `size` bytes, from the manifest descriptor) in `reference`'s
-    /// repository.
-    pub fn new(
-        client: weenv_registry::Client,
-        reference: weenv_registry::Reference,
-        digest: weenv_format::Digest,
-        size: u64,
-    ) -> Self {
-        RegistryBlobSource {
-            client,
-            reference,
-            digest,
-            size,
-        }
-    }
-
-    fn error(&self, offset: u64, len: u64, e: weenv_registry::RegistryError) -> FetchError {
-        FetchError::Source {
-            source_name: self.name(),
-            offset,
-            len,
-            reason: e.to_string(),
-        }
-    }
-}
-
-#[async_trait]
-impl BlobSource for RegistryBlobSource {
-    async fn read_range(&self, offset: u64, len: u64) -> Result<Bytes, FetchError> {
-        self.client
-            .get_blob_range(&self.reference, &self.digest, offset, len)
-            .await
-            .map_err(|e| self.error(offset, len, e))
-    }
-
-    /// With `Cache-Control: no-cache`: HTTP caches on the way revalidate.
-    async fn read_range_fresh(&self, offset: u64, len: u64) -> Result<Bytes, FetchError> {
-        self.client
-            .get_blob_range_no_cache(&self.reference, &self.digest, offset, len)
-            .await
-            .map_err(|e| self.error(offset, len, e))
-    }
-
-    fn size(&self) -> u64 {
-        self.size
-    }
-
-    fn name(&self) -> String {
-        format!("{}@{}", self.reference, self.digest)
-    }
-}
-
-/// Wraps a source and records every range request (tests, benchmarks, accounting).
+/// Wraps a source and records every attempt's range (tests, benchmarks, accounting).
 pub struct CountingSource<S> {
     inner: S,
     log: Mutex<Vec<(u64, u64)>>,
@@ -177,23 +95,34 @@ impl<S> CountingSource<S> {
 }
 
 #[async_trait]
-impl<S: BlobSource> BlobSource for CountingSource<S> {
-    async fn read_range(&self, offset: u64, len: u64) -> Result<Bytes, FetchError> {
-        self.log.lock().push((offset, len));
-        self.inner.read_range(offset, len).await
+impl<S: RangeSource> RangeSource for CountingSource<S> {
+    async fn try_read(&self, range: ByteRange, attempt: Attempt) -> Result<Bytes, SourceError> {
+        self.log.lock().push((range.offset, range.len));
+        self.inner.try_read(range, attempt).await
     }
 
-    async fn read_range_fresh(&self, offset: u64, len: u64) -> Result<Bytes, FetchError> {
-        self.log.lock().push((offset, len));
-        self.inner.read_range_fresh(offset, len).await
-    }
-
-    fn size(&self) -> u64 {
+    fn size(&self) -> Option<u64> {
         self.inner.size()
+    }
+
+    async fn resolve_size(&self) -> Result<u64, SourceError> {
+        self.inner.resolve_size().await
     }
 
     fn name(&self) -> String {
         self.inner.name()
+    }
+
+    fn policy(&self) -> RetryPolicy {
+        self.inner.policy()
+    }
+
+    async fn refresh_auth(&self) -> bool {
+        self.inner.refresh_auth().await
+    }
+
+    fn note_retry(&self, kind: ErrorKind) {
+        self.inner.note_retry(kind)
     }
 }
 
@@ -206,9 +135,14 @@ mod tests {
         let t = tempfile::NamedTempFile::new().unwrap();
         std::fs::write(t.path(), b"0123456789").unwrap();
         let s = CountingSource::new(FileBlobSource::open(t.path()).unwrap());
-        assert_eq!(s.size(), 10);
-        assert_eq!(&s.read_range(2, 3).await.unwrap()[..], b"234");
-        assert!(s.read_range(8, 3).await.is_err());
-        assert_eq!(s.requests(), vec![(2, 3), (8, 3)]);
+        assert_eq!(s.size(), Some(10));
+        assert_eq!(&s.read(ByteRange::new(2, 3)).await.unwrap()[..], b"234");
+        let e = s.read(ByteRange::new(8, 3)).await.unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Terminal);
+        assert_eq!(
+            s.requests(),
+            vec![(2, 3), (8, 3)],
+            "a local error is not retried"
+        );
     }
 }

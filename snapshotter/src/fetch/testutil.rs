@@ -4,7 +4,6 @@
 #![cfg(test)] // test-only module: the whole file compiles only under `cargo test`
 #![allow(clippy::unwrap_used)]
 
-use super::{BlobSource, FetchError};
 use async_trait::async_trait;
 use bytes::Bytes;
 use parking_lot::Mutex;
@@ -12,6 +11,7 @@ use std::sync::Arc;
 use tokio::sync::Semaphore;
 use weenv_format::writer::{write_layer, WriterOptions};
 use weenv_format::{Digest, Toc};
+use weenv_registry::{Attempt, ByteRange, ErrorKind, RangeSource, SourceError};
 
 /// A tar entry for [`build_layer`].
 pub enum T<'a> {
@@ -122,8 +122,9 @@ impl MemSource {
 }
 
 #[async_trait]
-impl BlobSource for MemSource {
-    async fn read_range(&self, offset: u64, len: u64) -> Result<Bytes, FetchError> {
+impl RangeSource for MemSource {
+    async fn try_read(&self, range: ByteRange, _: Attempt) -> Result<Bytes, SourceError> {
+        let (offset, len) = (range.offset, range.len);
         self.log.lock().push((offset, len));
         if let Some(g) = &self.gate {
             g.acquire().await.unwrap().forget();
@@ -133,16 +134,11 @@ impl BlobSource for MemSource {
         let e = (offset + len) as usize;
         d.get(s..e)
             .map(Bytes::copy_from_slice)
-            .ok_or_else(|| FetchError::Source {
-                source_name: "mem".into(),
-                offset,
-                len,
-                reason: "past end".into(),
-            })
+            .ok_or_else(|| SourceError::new(ErrorKind::Terminal, "past end"))
     }
 
-    fn size(&self) -> u64 {
-        self.data.lock().len() as u64
+    fn size(&self) -> Option<u64> {
+        Some(self.data.lock().len() as u64)
     }
 }
 
@@ -151,7 +147,7 @@ impl BlobSource for MemSource {
 pub struct CorruptFirst {
     pub inner: Arc<MemSource>,
     pub bad: std::sync::atomic::AtomicUsize,
-    /// `true` for each [`BlobSource::read_range_fresh`] call, `false` for a plain read.
+    /// `Attempt::fresh` of each attempt.
     pub fresh: Mutex<Vec<bool>>,
 }
 
@@ -163,11 +159,14 @@ impl CorruptFirst {
             fresh: Mutex::new(Vec::new()),
         })
     }
+}
 
-    async fn read(&self, offset: u64, len: u64, fresh: bool) -> Result<Bytes, FetchError> {
+#[async_trait]
+impl RangeSource for CorruptFirst {
+    async fn try_read(&self, range: ByteRange, attempt: Attempt) -> Result<Bytes, SourceError> {
         use std::sync::atomic::Ordering;
-        self.fresh.lock().push(fresh);
-        let b = self.inner.read_range(offset, len).await?;
+        self.fresh.lock().push(attempt.fresh);
+        let b = self.inner.try_read(range, attempt).await?;
         let left = self.bad.load(Ordering::SeqCst);
         if left == 0 || b.is_empty() {
             return Ok(b);
@@ -178,17 +177,8 @@ impl CorruptFirst {
         v[mid] ^= 0x10;
         Ok(Bytes::from(v))
     }
-}
 
-#[async_trait]
-impl BlobSource for CorruptFirst {
-    async fn read_range(&self, offset: u64, len: u64) -> Result<Bytes, FetchError> {
-        self.read(offset, len, false).await
-    }
-    async fn read_range_fresh(&self, offset: u64, len: u64) -> Result<Bytes, FetchError> {
-        self.read(offset, len, true).await
-    }
-    fn size(&self) -> u64 {
+    fn size(&self) -> Option<u64> {
         self.inner.size()
     }
     fn name(&self) -> String {

@@ -20,7 +20,6 @@ use super::image::{ImageCache, ImageInfo, LayerDesc};
 use super::probe::{classify_tail, probe_range, TailVerdict};
 use super::toc_cache::TocCache;
 use super::{LayerProvider, MountedLayer, RemoteError, RemoteLayerRequest};
-use crate::fetch::RegistryBlobSource;
 use crate::layers::LayerStore;
 use crate::store::{LayerKind, LayerRecord, MetaStore};
 use parking_lot::Mutex;
@@ -28,6 +27,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use tracing::{debug, info, warn};
 use weenv_format::{Digest, EntryKind, Toc};
+use weenv_registry::RegistryRangeSource;
 use weenv_registry::{Client, Reference};
 
 /// Registry-backed weenv layers on one FUSE session.
@@ -120,11 +120,11 @@ impl Inner {
             .parse()
             .map_err(|e| self.reg_err(reference, d, e))?;
         let (usize_, inodes) = toc_usage(&toc);
-        let src = Arc::new(RegistryBlobSource::new(
+        let src = Arc::new(RegistryRangeSource::new(
             self.registry.clone(),
             r,
             d.clone(),
-            size,
+            Some(size),
         ));
         // The full TOC is kept on disk only (verified again when read back).
         let reload: crate::layers::TocReload = {
