@@ -35,7 +35,7 @@ fn both_renderings(e: anyhow::Error) -> String {
 }
 
 #[tokio::test]
-async fn representative_errors_say_each_cause_once() {
+async fn representative_errors_say_each_cause_once() -> Result<(), Box<dyn std::error::Error>> {
     // weenv --config /nonexistent
     let e = Config::load(std::path::Path::new("/nonexistent/weenv.toml")).unwrap_err();
     let m = both_renderings(anyhow::Error::new(e));
@@ -47,8 +47,8 @@ async fn representative_errors_say_each_cause_once() {
         error: io("permission denied"),
     });
     both_renderings(anyhow::Error::new(e));
-    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let e = crate::http::bind(&ListenAddr::Tcp(taken.local_addr().unwrap()))
+    let taken = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let e = crate::http::bind(&ListenAddr::Tcp(taken.local_addr()?))
         .await
         .unwrap_err();
     both_renderings(anyhow::Error::new(DaemonError::from(e)));
@@ -57,4 +57,5 @@ async fn representative_errors_say_each_cause_once() {
         error: io("address in use"),
     };
     both_renderings(anyhow::Error::new(DaemonError::from(e)));
+    Ok(())
 }

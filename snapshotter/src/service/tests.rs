@@ -2,6 +2,8 @@
 #![allow(clippy::unwrap_used)]
 
 use super::*;
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
 use crate::remote::{MountedLayer, LABEL_CRI_IMAGE_REF, LABEL_CRI_LAYER_DIGEST};
 use parking_lot::Mutex;
 use std::collections::HashSet;
@@ -89,55 +91,49 @@ fn remote_labels(target: &str, digest: &str) -> HashMap<String, String> {
 }
 
 #[tokio::test]
-async fn ordinary_lifecycle_and_mount_shapes() {
-    let d = tempfile::tempdir().unwrap();
+async fn ordinary_lifecycle_and_mount_shapes() -> TestResult {
+    let d = tempfile::tempdir()?;
     let s = svc(d.path(), None);
-    let m = s
-        .prepare("ns/1/extract a", "", HashMap::new())
-        .await
-        .unwrap();
+    let m = s.prepare("ns/1/extract a", "", HashMap::new()).await?;
     assert_eq!(m[0].kind, "bind");
     let upper = PathBuf::from(&m[0].source);
-    std::fs::write(upper.join("f"), vec![1u8; 10000]).unwrap();
-    let (size, inodes) = s.usage("ns/1/extract a").unwrap();
+    std::fs::write(upper.join("f"), vec![1u8; 10000])?;
+    let (size, inodes) = s.usage("ns/1/extract a")?;
     assert!(size >= 10000 && inodes == 2, "{size} {inodes}");
-    s.commit("ns/2/L1", "ns/1/extract a", HashMap::new())
-        .unwrap();
-    assert_eq!(s.stat("ns/2/L1").unwrap().kind, Kind::Committed);
-    assert_eq!(s.usage("ns/2/L1").unwrap(), (size, inodes));
+    s.commit("ns/2/L1", "ns/1/extract a", HashMap::new())?;
+    assert_eq!(s.stat("ns/2/L1")?.kind, Kind::Committed);
+    assert_eq!(s.usage("ns/2/L1")?, (size, inodes));
     assert!(matches!(
         s.mounts("ns/2/L1"),
         Err(SnapshotError::Store(StoreError::FailedPrecondition(_)))
     ));
-    let m = s
-        .prepare("ns/3/c", "ns/2/L1", HashMap::new())
-        .await
-        .unwrap();
+    let m = s.prepare("ns/3/c", "ns/2/L1", HashMap::new()).await?;
     assert_eq!(m[0].kind, "overlay");
     assert!(m[0]
         .options
         .contains(&format!("lowerdir={}", upper.display())));
-    assert_eq!(s.mounts("ns/3/c").unwrap(), m);
-    let v = s.view("ns/4/v", "ns/2/L1", HashMap::new()).unwrap();
+    assert_eq!(s.mounts("ns/3/c")?, m);
+    let v = s.view("ns/4/v", "ns/2/L1", HashMap::new())?;
     assert_eq!(
         (v[0].kind.as_str(), v[0].source.as_str()),
-        ("bind", upper.to_str().unwrap())
+        ("bind", upper.to_str().ok_or("upper dir is not UTF-8")?)
     );
     assert!(matches!(
         s.remove("ns/2/L1"),
         Err(SnapshotError::Store(StoreError::FailedPrecondition(_)))
     ));
-    assert_eq!(s.walk(&["parent==ns/2/L1".into()]).unwrap().len(), 2);
-    s.remove("ns/3/c").unwrap();
-    s.remove("ns/4/v").unwrap();
-    s.remove("ns/2/L1").unwrap();
+    assert_eq!(s.walk(&["parent==ns/2/L1".into()])?.len(), 2);
+    s.remove("ns/3/c")?;
+    s.remove("ns/4/v")?;
+    s.remove("ns/2/L1")?;
     assert!(!upper.exists());
-    assert!(s.walk(&[]).unwrap().is_empty());
+    assert!(s.walk(&[])?.is_empty());
+    Ok(())
 }
 
 #[tokio::test]
-async fn remote_prepare_commits_and_says_already_exists() {
-    let d = tempfile::tempdir().unwrap();
+async fn remote_prepare_commits_and_says_already_exists() -> TestResult {
+    let d = tempfile::tempdir()?;
     let fake = Arc::new(Fake::default());
     let s = svc(d.path(), Some(fake.clone()));
     let r = s
@@ -149,9 +145,7 @@ async fn remote_prepare_commits_and_says_already_exists() {
         .await;
     assert!(matches!(r, Err(SnapshotError::RemoteCommitted(ref t)) if t == "sha256:c1"));
     // the Walk containerd sends next finds it
-    let w = s
-        .walk(&[r#"labels."containerd.io/snapshot.ref"==sha256:c1,parent=="""#.into()])
-        .unwrap();
+    let w = s.walk(&[r#"labels."containerd.io/snapshot.ref"==sha256:c1,parent=="""#.into()])?;
     assert_eq!(w.len(), 1);
     assert_eq!(w[0].kind, Kind::Committed);
     // same layer under another chain: same FUSE dir, a second record
@@ -163,8 +157,8 @@ async fn remote_prepare_commits_and_says_already_exists() {
         )
         .await;
     assert!(matches!(r, Err(SnapshotError::RemoteCommitted(_))));
-    assert_eq!(s.stat("sha256:c9").unwrap().parent, "sha256:c1");
-    assert_eq!(s.usage("sha256:c9").unwrap(), (7, 3));
+    assert_eq!(s.stat("sha256:c9")?.parent, "sha256:c1");
+    assert_eq!(s.usage("sha256:c9")?, (7, 3));
     // a non-weenv layer on top takes the ordinary path
     let m = s
         .prepare(
@@ -172,8 +166,7 @@ async fn remote_prepare_commits_and_says_already_exists() {
             "sha256:c9",
             remote_labels("sha256:c10", D2),
         )
-        .await
-        .unwrap();
+        .await?;
     let dir = format!("/mnt/{}", &D1[7..]);
     assert!(
         m[0].options
@@ -197,37 +190,39 @@ async fn remote_prepare_commits_and_says_already_exists() {
         m.contains("weenv_remote_prepares_total{outcome=\"not_weenv\"} 1"),
         "{m}"
     );
+    Ok(())
 }
 
 #[tokio::test]
-async fn remount_all_and_cleanup() {
-    let d = tempfile::tempdir().unwrap();
+async fn remount_all_and_cleanup() -> TestResult {
+    let d = tempfile::tempdir()?;
     let fake = Arc::new(Fake::default());
     {
         let s = svc(d.path(), Some(fake.clone()));
         let _ = s.prepare("k", "", remote_labels("sha256:c1", D1)).await;
-        s.prepare("orphan", "", HashMap::new()).await.unwrap();
+        s.prepare("orphan", "", HashMap::new()).await?;
     }
     let fake2 = Arc::new(Fake::default());
     let s = svc(d.path(), Some(fake2.clone()));
-    assert_eq!(s.remount_all().await.unwrap(), (1, 0));
+    assert_eq!(s.remount_all().await?, (1, 0));
     assert_eq!(*fake2.mounted.lock(), vec![D1.to_string()]);
     // orphan dir with no record is removed by cleanup
-    std::fs::create_dir_all(d.path().join("snapshots/999/fs")).unwrap();
-    s.cleanup().unwrap();
+    std::fs::create_dir_all(d.path().join("snapshots/999/fs"))?;
+    s.cleanup()?;
     assert!(!d.path().join("snapshots/999").exists());
-    assert!(d.path().join("snapshots").read_dir().unwrap().count() == 1);
+    assert!(d.path().join("snapshots").read_dir()?.count() == 1);
+    Ok(())
 }
 
 #[tokio::test]
-async fn error_kinds() {
-    let d = tempfile::tempdir().unwrap();
+async fn error_kinds() -> TestResult {
+    let d = tempfile::tempdir()?;
     let s = svc(d.path(), None);
     assert!(matches!(
         s.stat("x"),
         Err(SnapshotError::Store(StoreError::NotFound(_)))
     ));
-    s.prepare("a", "", HashMap::new()).await.unwrap();
+    s.prepare("a", "", HashMap::new()).await?;
     assert!(matches!(
         s.prepare("a", "", HashMap::new()).await,
         Err(SnapshotError::Store(StoreError::AlreadyExists(_)))
@@ -244,15 +239,16 @@ async fn error_kinds() {
         s.update("a", HashMap::new(), &["kind".into()]),
         Err(SnapshotError::Store(StoreError::InvalidArgument(_)))
     ));
+    Ok(())
 }
 
 #[tokio::test]
-async fn same_target_under_another_parent_gets_its_own_remote_snapshot() {
-    let d = tempfile::tempdir().unwrap();
+async fn same_target_under_another_parent_gets_its_own_remote_snapshot() -> TestResult {
+    let d = tempfile::tempdir()?;
     let s = svc(d.path(), Some(Arc::new(Fake::default())));
     // namespace B unpacked the lower layer the ordinary way
-    s.prepare("B/1/x", "", HashMap::new()).await.unwrap();
-    s.commit("B/2/sha256:c1", "B/1/x", HashMap::new()).unwrap();
+    s.prepare("B/1/x", "", HashMap::new()).await?;
+    s.commit("B/2/sha256:c1", "B/1/x", HashMap::new())?;
     let r = s
         .prepare("B/3/e", "B/2/sha256:c1", remote_labels("sha256:c2", D1))
         .await;
@@ -263,18 +259,17 @@ async fn same_target_under_another_parent_gets_its_own_remote_snapshot() {
         .prepare("A/2/e", "sha256:c1", remote_labels("sha256:c2", D1))
         .await;
     assert!(matches!(r, Err(SnapshotError::RemoteCommitted(_))));
-    let w = s
-        .walk(&[r#"labels."containerd.io/snapshot.ref"==sha256:c2"#.into()])
-        .unwrap();
+    let w = s.walk(&[r#"labels."containerd.io/snapshot.ref"==sha256:c2"#.into()])?;
     let mut parents: Vec<_> = w.iter().map(|r| r.parent.as_str()).collect();
     parents.sort();
     assert_eq!(parents, vec!["B/2/sha256:c1", "sha256:c1"]);
     assert!(w.iter().any(|r| r.key.starts_with("sha256:c2@")));
+    Ok(())
 }
 
 #[test]
-fn remote_names() {
-    let (d1, d3): (Digest, Digest) = (D1.parse().unwrap(), D3.parse().unwrap());
+fn remote_names() -> TestResult {
+    let (d1, d3): (Digest, Digest) = (D1.parse()?, D3.parse()?);
     assert_eq!(
         remote_snapshot_name("sha256:t", "p", &d1, |_| false),
         "sha256:t"
@@ -285,13 +280,14 @@ fn remote_names() {
         n,
         remote_snapshot_name("sha256:t", "p", &d3, |k| k == "sha256:t")
     );
+    Ok(())
 }
 
 /// The issue's attack: EVIL (layer D3) claims GOOD's diff_ids, so its chain ids are GOOD's.
 /// Pulled first in namespace A, it must not become what GOOD's Prepare in namespace B gets.
 #[tokio::test]
-async fn a_chain_bound_to_another_layer_is_never_reused() {
-    let d = tempfile::tempdir().unwrap();
+async fn a_chain_bound_to_another_layer_is_never_reused() -> TestResult {
+    let d = tempfile::tempdir()?;
     let fake = Arc::new(Fake::default());
     let s = svc(d.path(), Some(fake.clone()));
     let t = Digest::sha256(b"GOOD's diff_id").to_string();
@@ -299,61 +295,58 @@ async fn a_chain_bound_to_another_layer_is_never_reused() {
     assert!(matches!(r, Err(SnapshotError::RemoteCommitted(_))));
     // GOOD in namespace B: same chain, its own layer -> the ordinary path (containerd unpacks
     // and checks the diff_id), not EVIL's snapshot
-    let m = s
-        .prepare("B/1/extract", "", remote_labels(&t, D1))
-        .await
-        .unwrap();
-    assert_eq!(s.stat("B/1/extract").unwrap().kind, Kind::Active);
+    let m = s.prepare("B/1/extract", "", remote_labels(&t, D1)).await?;
+    assert_eq!(s.stat("B/1/extract")?.kind, Kind::Active);
     assert_eq!(m[0].kind, "bind");
     assert!(s.counters().render().contains("outcome=\"refused\"} 1"));
     // EVIL again (another namespace): its own snapshot is still reused
     let r = s.prepare("C/1/extract", "", remote_labels(&t, D3)).await;
     assert!(matches!(r, Err(SnapshotError::RemoteCommitted(_))));
     // and the remote record names the layer it was made from
-    let rec = s.stat(&t).unwrap();
-    let rl = rec.remote.unwrap();
+    let rec = s.stat(&t)?;
+    let rl = rec.remote.ok_or("no remote record")?;
     assert_eq!(rl.digest, D3);
     assert!(rl.toc_digest.is_some());
+    Ok(())
 }
 
 /// An ordinary committed snapshot carrying the chain's snapshot.ref label (anyone can commit
 /// one with any label) is not a remote layer: the Prepare mounts its own, and containerd's
 /// Walk finds the remote one first.
 #[tokio::test]
-async fn an_ordinary_snapshot_under_the_chain_is_not_the_remote_layer() {
-    let d = tempfile::tempdir().unwrap();
+async fn an_ordinary_snapshot_under_the_chain_is_not_the_remote_layer() -> TestResult {
+    let d = tempfile::tempdir()?;
     let fake = Arc::new(Fake::default());
     let s = svc(d.path(), Some(fake.clone()));
     let t = Digest::sha256(b"diff").to_string();
-    s.prepare("A/1/x", "", HashMap::new()).await.unwrap();
+    s.prepare("A/1/x", "", HashMap::new()).await?;
     let forged: HashMap<String, String> = [(LABEL_TARGET.to_string(), t.clone())].into();
-    s.commit("A/2/forged", "A/1/x", forged).unwrap();
+    s.commit("A/2/forged", "A/1/x", forged)?;
     let r = s.prepare("B/1/extract", "", remote_labels(&t, D1)).await;
     assert!(matches!(r, Err(SnapshotError::RemoteCommitted(_))));
     assert_eq!(*fake.mounted.lock(), vec![D1.to_string()]);
     let filter = format!(r#"labels."containerd.io/snapshot.ref"=={t},parent=="""#);
-    let w = s.walk(&[filter]).unwrap();
+    let w = s.walk(&[filter])?;
     assert_eq!(w.len(), 2);
     assert_eq!(
-        w[0].remote.as_ref().unwrap().digest,
+        w[0].remote.as_ref().ok_or("no remote record")?.digest,
         D1,
         "remote first: {w:?}"
     );
     assert_eq!(w[1].key, "A/2/forged");
+    Ok(())
 }
 
 #[tokio::test]
-async fn quarantined_layers_and_false_claims_take_the_ordinary_path() {
-    let d = tempfile::tempdir().unwrap();
+async fn quarantined_layers_and_false_claims_take_the_ordinary_path() -> TestResult {
+    let d = tempfile::tempdir()?;
     let fake = Arc::new(Fake::default());
     let s = svc(d.path(), Some(fake.clone()));
     let good = Digest::sha256(b"good");
     fake.claims.lock().insert(D1.into(), good.clone());
     // a base layer's chain id is its diff_id: labels and config disagree -> refused
     let other = Digest::sha256(b"other").to_string();
-    s.prepare("A/1/e", "", remote_labels(&other, D1))
-        .await
-        .unwrap();
+    s.prepare("A/1/e", "", remote_labels(&other, D1)).await?;
     // consistent: committed; upper layer chain checked against the parent's chain
     let r = s
         .prepare("A/2/e", "", remote_labels(good.as_str(), D1))
@@ -363,8 +356,7 @@ async fn quarantined_layers_and_false_claims_take_the_ordinary_path() {
     fake.claims.lock().insert(D3.into(), up.clone());
     let wrong = weenv_registry::manifest::chain_id(Some(good.as_str()), good.as_str());
     s.prepare("A/3/e", good.as_str(), remote_labels(&wrong, D3))
-        .await
-        .unwrap();
+        .await?;
     let right = weenv_registry::manifest::chain_id(Some(good.as_str()), up.as_str());
     let r = s
         .prepare("A/4/e", good.as_str(), remote_labels(&right, D3))
@@ -373,14 +365,14 @@ async fn quarantined_layers_and_false_claims_take_the_ordinary_path() {
     // once quarantined, the existing snapshot is not handed out again
     fake.quarantined.lock().insert(D1.into());
     s.prepare("B/1/e", "", remote_labels(good.as_str(), D1))
-        .await
-        .unwrap();
+        .await?;
     assert!(s.counters().render().contains("outcome=\"refused\"} 3"));
+    Ok(())
 }
 
 #[tokio::test]
-async fn a_layer_over_a_limit_fails_its_prepare() {
-    let d = tempfile::tempdir().unwrap();
+async fn a_layer_over_a_limit_fails_its_prepare() -> TestResult {
+    let d = tempfile::tempdir()?;
     let s = svc(d.path(), Some(Arc::new(Fake::default())));
     let e = s
         .prepare("ns/1/extract", "", remote_labels("sha256:c4", D4))
@@ -405,4 +397,5 @@ async fn a_layer_over_a_limit_fails_its_prepare() {
         s.stat("ns/1/extract").is_err(),
         "no ordinary snapshot either"
     );
+    Ok(())
 }
