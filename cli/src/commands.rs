@@ -185,7 +185,10 @@ pub async fn run(cli: Cli) -> Result<()> {
             let opts = PullOptions {
                 namespace,
                 snapshotter,
-                platform,
+                platform: platform
+                    .as_deref()
+                    .map(str::parse::<weenv_registry::Platform>)
+                    .transpose()?,
                 image_name: name,
             };
             let rep = pull(&registry, ch, &reference, &opts).await?;

@@ -31,7 +31,7 @@ use tonic::transport::Channel;
 use tonic::{Code, Request};
 use tracing::{debug, info};
 use weenv_registry::manifest::{chain_ids, host_platform, ImageConfig};
-use weenv_registry::{select_platform, Client, ImageManifest, Manifest, Reference};
+use weenv_registry::{select_platform, Client, ImageManifest, Manifest, Platform, Reference};
 
 /// Label: CRI manifest digest.
 pub use weenv_snapshotter_api::labels::{
@@ -101,7 +101,7 @@ pub struct PullOptions {
     pub namespace: String,
     pub snapshotter: String,
     /// `os/arch[/variant]`; default: this host.
-    pub platform: Option<String>,
+    pub platform: Option<Platform>,
     /// Image name recorded in containerd (default: the normalised reference).
     pub image_name: Option<String>,
 }
@@ -239,21 +239,13 @@ fn cdesc(media_type: &str, digest: &str, size: u64) -> CDescriptor {
     }
 }
 
-/// `os/arch[/variant]`.
-fn platform_label(os: &str, arch: &str, variant: Option<&str>) -> String {
-    match variant {
-        Some(v) => format!("{os}/{arch}/{v}"),
-        None => format!("{os}/{arch}"),
-    }
-}
-
 /// The platforms an index offers, for messages.
 fn available_platforms(ix: &weenv_registry::ImageIndex) -> String {
     let v: Vec<String> = ix
         .manifests
         .iter()
         .filter_map(|d| d.platform.as_ref())
-        .map(|p| platform_label(&p.os, &p.architecture, p.variant.as_deref()))
+        .map(Platform::to_string)
         .collect();
     if v.is_empty() {
         "none".into()
@@ -267,14 +259,21 @@ fn available_platforms(ix: &weenv_registry::ImageIndex) -> String {
 fn check_config_platform(
     cfg: &ImageConfig,
     reference: &str,
-    (os, arch, variant): (&str, &str, Option<&str>),
+    want: &Platform,
 ) -> Result<(), PullError> {
     match cfg.platform() {
-        Some(p) if !weenv_registry::platform_matches(&p, os, arch, variant) => {
+        Some(p)
+            if !weenv_registry::platform_matches(
+                &p,
+                &want.os,
+                &want.architecture,
+                want.variant.as_deref(),
+            ) =>
+        {
             Err(PullError::WrongPlatform {
                 reference: reference.to_string(),
-                requested: platform_label(os, arch, variant),
-                available: platform_label(&p.os, &p.architecture, p.variant.as_deref()),
+                requested: want.to_string(),
+                available: p.to_string(),
             })
         }
         _ => Ok(()),
@@ -325,28 +324,16 @@ async fn pull_leased(
     opts: &PullOptions,
 ) -> Result<PullReport, PullError> {
     let top = registry.get_manifest(r).await?;
-    let (os, arch) = host_platform();
-    let (pos, parch, pvar) = match &opts.platform {
-        Some(p) => {
-            let mut it = p.split('/');
-            (
-                it.next().unwrap_or(os).to_string(),
-                it.next().unwrap_or(arch).to_string(),
-                it.next().map(str::to_string),
-            )
-        }
-        None => (os.to_string(), arch.to_string(), None),
-    };
+    let want = opts.platform.clone().unwrap_or_else(host_platform);
     let (manifest, mblob, single) = match top.parse()? {
         Manifest::Image(m) => (m, top.clone(), true),
         Manifest::Index(ix) => {
-            let d = select_platform(&ix, &pos, &parch, pvar.as_deref()).ok_or_else(|| {
-                PullError::NoPlatform {
+            let d = select_platform(&ix, &want.os, &want.architecture, want.variant.as_deref())
+                .ok_or_else(|| PullError::NoPlatform {
                     reference: r.to_string(),
-                    platform: platform_label(&pos, &parch, pvar.as_deref()),
+                    platform: want.to_string(),
                     available: available_platforms(&ix),
-                }
-            })?;
+                })?;
             let mb = registry
                 .get_manifest(&r.with_digest(d.digest.clone()))
                 .await?;
@@ -355,7 +342,7 @@ async fn pull_leased(
                 Manifest::Index(_) => {
                     return Err(PullError::NoPlatform {
                         reference: r.to_string(),
-                        platform: platform_label(&pos, &parch, pvar.as_deref()),
+                        platform: want.to_string(),
                         available: format!("{} is itself an index (not supported)", d.digest),
                     })
                 }
@@ -369,7 +356,7 @@ async fn pull_leased(
         message: e.to_string(),
     })?;
     if single {
-        check_config_platform(&cfg, &r.to_string(), (&pos, &parch, pvar.as_deref()))?;
+        check_config_platform(&cfg, &r.to_string(), &want)?;
     }
     let diff_ids = &cfg.rootfs.diff_ids;
     if diff_ids.len() != manifest.layers.len() {
@@ -618,21 +605,26 @@ mod tests {
             variant: None,
         };
         let amd64 = cfg("linux", "amd64");
-        let err = check_config_platform(&amd64, "r/x:1", ("linux", "s390x", None))
+        let err = check_config_platform(&amd64, "r/x:1", &"linux/s390x".parse().unwrap())
             .unwrap_err()
             .to_string();
         assert!(
             err.contains("linux/s390x") && err.contains("linux/amd64") && err.contains("r/x:1"),
             "{err}"
         );
-        check_config_platform(&amd64, "r", ("linux", "x86_64", None)).unwrap();
-        check_config_platform(&cfg("linux", "arm64"), "r", ("linux", "arm64", Some("v8"))).unwrap();
+        check_config_platform(&amd64, "r", &"linux/x86_64".parse().unwrap()).unwrap();
+        check_config_platform(
+            &cfg("linux", "arm64"),
+            "r",
+            &"linux/arm64/v8".parse().unwrap(),
+        )
+        .unwrap();
         // A config naming no platform is not refused.
         let none = ImageConfig {
             os: None,
             ..cfg("linux", "amd64")
         };
-        check_config_platform(&none, "r", ("linux", "s390x", None)).unwrap();
+        check_config_platform(&none, "r", &"linux/s390x".parse().unwrap()).unwrap();
     }
 
     /// `weenv pull` against a registry that does not answer says the cause once (reqwest

@@ -9,7 +9,7 @@ use weenv_converter::group::{create_group, parse_layer_range, GroupSource, Group
 use weenv_converter::mutate::{mutate_group, MutateSpec};
 use weenv_converter::plan::{compose_plan, parse_ref, publish_composed};
 use weenv_converter::resolve_cache::{default_cache_dir, unix_secs, ResolveCache, ResolvePolicy};
-use weenv_env::group::{ConfigFragment, GroupKind, Platform};
+use weenv_env::group::{ConfigFragment, GroupKind};
 use weenv_env::plan::Plan;
 use weenv_env::stats::{stats, synthetic, table, GroupShape, PlanShape, SyntheticSizes};
 use weenv_format::writer::WriterOptions;
@@ -151,17 +151,8 @@ fn command_vec(s: &str) -> Result<Vec<String>> {
     Ok(s.split_whitespace().map(str::to_string).collect())
 }
 
-fn platform_of(s: Option<&str>) -> Result<Option<Platform>> {
-    let Some(s) = s else { return Ok(None) };
-    let parts: Vec<&str> = s.split('/').collect();
-    match parts.as_slice() {
-        [os, arch] | [os, arch, _] => Ok(Some(Platform {
-            os: os.to_string(),
-            architecture: arch.to_string(),
-            variant: parts.get(2).map(|v| v.to_string()),
-        })),
-        _ => bail!("--platform {s:?}: expected os/arch[/variant]"),
-    }
+fn platform_of(s: Option<&str>) -> Result<Option<weenv_registry::Platform>> {
+    Ok(s.map(weenv_converter::parse_platform).transpose()?)
 }
 
 fn scratch_dir(given: Option<PathBuf>) -> Result<(PathBuf, Option<tempfile::TempDir>)> {

@@ -22,40 +22,19 @@ use std::time::Instant;
 use weenv_format::writer::{descriptor_annotations, WriterOptions};
 use weenv_format::{Digest, MEDIA_TYPE_LAYER_ZSTD};
 use weenv_registry::manifest::{OCI_CONFIG, OCI_INDEX, OCI_MANIFEST};
-use weenv_registry::{select_platform, Client, Descriptor, ImageIndex, ImageManifest, Manifest};
+use weenv_registry::{
+    select_platform, Client, Descriptor, ImageIndex, ImageManifest, Manifest, Platform,
+};
 
-/// `os/arch[/variant]`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PlatformSpec {
-    pub os: String,
-    pub arch: String,
-    pub variant: Option<String>,
-}
-
-impl std::str::FromStr for PlatformSpec {
-    type Err = ConvertError;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let parts: Vec<&str> = s.split('/').collect();
-        let bad = || ConvertError::BadOption {
+/// Parse a `--platform os/arch[/variant]` option (the registry's [`Platform`] parser; the error
+/// names the option).
+pub fn parse_platform(s: &str) -> Result<Platform, ConvertError> {
+    s.parse().map_err(
+        |e: weenv_registry::manifest::PlatformParseError| ConvertError::BadOption {
             field: "--platform",
-            reason: format!("{s:?} is not os/arch[/variant], e.g. linux/amd64"),
-        };
-        match parts.as_slice() {
-            [os, arch] if !os.is_empty() && !arch.is_empty() => Ok(PlatformSpec {
-                os: os.to_string(),
-                arch: arch.to_string(),
-                variant: None,
-            }),
-            [os, arch, v] if !os.is_empty() && !arch.is_empty() && !v.is_empty() => {
-                Ok(PlatformSpec {
-                    os: os.to_string(),
-                    arch: arch.to_string(),
-                    variant: Some(v.to_string()),
-                })
-            }
-            _ => Err(bad()),
-        }
-    }
+            reason: e.to_string(),
+        },
+    )
 }
 
 /// zstd level the converter uses by default (the format writer's own default is 3): frames
@@ -69,7 +48,7 @@ pub struct ConvertOptions {
     /// Format writer options (chunk size, zstd level, ...).
     pub writer: WriterOptions,
     /// Convert only this platform of an index (the output is then a plain manifest).
-    pub platform: Option<PlatformSpec>,
+    pub platform: Option<Platform>,
     /// Layers converted at the same time (each uses one core). Default: available cores.
     pub jobs: usize,
     /// Chunk size of chunked blob uploads. Default 16 MiB.
@@ -104,10 +83,7 @@ impl Progress for NoProgress {}
 
 /// Platform label of an index entry.
 pub fn platform_label(d: &Descriptor) -> Option<String> {
-    d.platform.as_ref().map(|p| match &p.variant {
-        Some(v) => format!("{}/{}/{v}", p.os, p.architecture),
-        None => format!("{}/{}", p.os, p.architecture),
-    })
+    d.platform.as_ref().map(Platform::to_string)
 }
 
 /// `rootfs.diff_ids` of an image config.
@@ -170,10 +146,10 @@ pub async fn convert_image(
         }
         Manifest::Index(ix) => {
             if let Some(p) = &opts.platform {
-                let d = select_platform(&ix, &p.os, &p.arch, p.variant.as_deref())
+                let d = select_platform(&ix, &p.os, &p.architecture, p.variant.as_deref())
                     .ok_or_else(|| ConvertError::BadImage {
                         location: source.describe(),
-                        reason: format!("index has no manifest for {}/{}", p.os, p.arch),
+                        reason: format!("index has no manifest for {}/{}", p.os, p.architecture),
                     })?
                     .clone();
                 let (m, mdigest) = ctx.child(&d).await?;
@@ -536,13 +512,16 @@ mod tests {
     use super::*;
 
     #[test]
-    fn parses_platforms() {
-        let p: PlatformSpec = "linux/arm64/v8".parse().unwrap();
-        assert_eq!(p.variant.as_deref(), Some("v8"));
-        let p: PlatformSpec = "linux/amd64".parse().unwrap();
-        assert_eq!((p.os.as_str(), p.arch.as_str()), ("linux", "amd64"));
-        assert!("linux".parse::<PlatformSpec>().is_err());
-        assert!("linux//".parse::<PlatformSpec>().is_err());
+    fn platform_option_errors_name_the_option() {
+        assert_eq!(
+            parse_platform("linux/arm64/v8").unwrap().to_string(),
+            "linux/arm64/v8"
+        );
+        let e = parse_platform("linux").unwrap_err().to_string();
+        assert!(
+            e.contains("--platform") && e.contains("os/arch[/variant]"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -14,13 +14,13 @@ use std::path::{Path, PathBuf};
 use thiserror::Error;
 use weenv_env::fragment::{merge_fragment, source_config};
 use weenv_env::group::{
-    build_group, BuiltGroup, ConfigFragment, Descriptor, GroupConfig, GroupKind, Platform,
+    build_group, BuiltGroup, ConfigFragment, Descriptor, GroupConfig, GroupKind,
     GROUP_CONFIG_VERSION, MEDIA_TYPE_OCI_MANIFEST,
 };
 use weenv_format::reader::TocHint;
 use weenv_format::writer::{descriptor_annotations, write_layer, LayerSummary, WriterOptions};
 use weenv_format::{Digest, FormatError, MEDIA_TYPE_LAYER_ZSTD};
-use weenv_registry::{BlobPush, Client, Reference, RegistryError};
+use weenv_registry::{BlobPush, Client, Platform, Reference, RegistryError};
 
 /// Upload chunk size for layer blobs.
 const UPLOAD_CHUNK: usize = 8 << 20;
@@ -280,7 +280,7 @@ async fn prepare_image_layers(
     let r: Reference = reference
         .parse()
         .map_err(reg_err(format!("parsing {reference}")))?;
-    let host = Platform::host();
+    let host = weenv_registry::manifest::host_platform();
     let (m, _) = client
         .get_image_manifest(&r, &host.os, &host.architecture, None)
         .await
@@ -408,7 +408,7 @@ pub async fn create_group(
             .platform
             .clone()
             .or(src_platform)
-            .unwrap_or_else(Platform::host),
+            .unwrap_or_else(weenv_registry::manifest::host_platform),
         config: fragment,
         diff_ids: layers.iter().map(|l| l.diff_id.clone()).collect(),
     };

@@ -3,7 +3,6 @@
 //! registry costs one ranged GET (the TOC location is in the descriptor annotations); layers
 //! in a layout or archive are read in place.
 
-use crate::convert::PlatformSpec;
 use crate::location::ImageLocation;
 use crate::source::Source;
 use crate::summary::human;
@@ -14,6 +13,7 @@ use std::sync::Arc;
 use weenv_format::prefetch::{decode_frames, ANNOTATION_PREFETCH};
 use weenv_format::reader::{LayerReader, TocHint};
 use weenv_format::{EntryKind, RangeRead, Toc};
+use weenv_registry::Platform;
 use weenv_registry::{BlobRangeReader, Client, Descriptor};
 
 /// One layer as seen by `inspect`.
@@ -131,7 +131,7 @@ fn prefetch_info(l: &Descriptor, toc: &Toc, info: &mut LayerInfo) {
 pub async fn inspect_image(
     client: &Client,
     loc: &ImageLocation,
-    platform: Option<&PlatformSpec>,
+    platform: Option<&Platform>,
 ) -> Result<Vec<LayerInfo>, ConvertError> {
     let source = Arc::new(Source::open_async(loc, client).await?);
     let mut out = Vec::new();

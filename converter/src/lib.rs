@@ -42,7 +42,7 @@ pub mod stage;
 pub mod summary;
 pub mod verify;
 
-pub use convert::{convert_image, ConvertOptions, NoProgress, PlatformSpec, Progress};
+pub use convert::{convert_image, parse_platform, ConvertOptions, NoProgress, Progress};
 pub use error::ConvertError;
 pub use inspect::{inspect_image, LayerInfo};
 pub use location::ImageLocation;

@@ -10,12 +10,12 @@ use std::sync::{Arc, Mutex};
 use weenv_converter::prefetch::profile_table;
 use weenv_converter::summary::{human, image_table};
 use weenv_converter::{
-    apply_profile, convert_image, inspect::info_table, inspect_image, read_profile,
+    apply_profile, convert_image, inspect::info_table, inspect_image, parse_platform, read_profile,
     registry_config, verify::verdict_table, verify_image, ConvertError, ConvertOptions,
-    ImageLocation, LayerReport, PlatformSpec, ProfileReport, Progress,
+    ImageLocation, LayerReport, ProfileReport, Progress,
 };
 use weenv_format::writer::WriterOptions;
-use weenv_registry::Client;
+use weenv_registry::{Client, Platform};
 
 #[derive(Parser)]
 #[command(
@@ -190,7 +190,7 @@ fn main() -> std::process::ExitCode {
 
 fn run() -> Result<()> {
     let cli = Cli::parse();
-    let platform: Option<PlatformSpec> = cli.platform.as_deref().map(str::parse).transpose()?;
+    let platform: Option<Platform> = cli.platform.as_deref().map(parse_platform).transpose()?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -20,7 +20,7 @@
 //! image's profile. The output is deterministic: applying the same profile twice gives the
 //! same manifest digest.
 
-use crate::convert::{platform_label, PlatformSpec};
+use crate::convert::platform_label;
 use crate::inspect::layer_toc;
 use crate::location::ImageLocation;
 use crate::sink::{Put, Sink};
@@ -38,6 +38,7 @@ use weenv_format::prefetch::{
     encode_frames, parse_profile, resolve_profile, Resolved, ANNOTATION_PREFETCH,
 };
 use weenv_format::{Digest, Toc};
+use weenv_registry::Platform;
 use weenv_registry::{Client, Descriptor, ImageIndex, ImageManifest, Manifest};
 
 /// One layer of a profiled manifest.
@@ -241,7 +242,7 @@ pub async fn apply_profile(
     image: &ImageLocation,
     dst: Option<&ImageLocation>,
     paths: &[String],
-    platform: Option<&PlatformSpec>,
+    platform: Option<&Platform>,
 ) -> Result<ProfileReport, ConvertError> {
     if dst.is_none() && matches!(image, ImageLocation::Archive { .. }) {
         return Err(ConvertError::BadOption {

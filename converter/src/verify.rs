@@ -10,7 +10,7 @@
 //! offset, and every file's chunks name exactly its payload bytes). Other layers get the blob
 //! and diff_id checks and are reported as "not weenv".
 
-use crate::convert::{diff_ids, platform_label, PlatformSpec};
+use crate::convert::{diff_ids, platform_label};
 use crate::layer::{existing_weenv, tar_reader};
 use crate::location::ImageLocation;
 use crate::source::{is_index_type, sha256_reader, LocalBlob, Source};
@@ -20,6 +20,7 @@ use sha2::{Digest as _, Sha256};
 use std::path::Path;
 use weenv_format::reader::{LayerReader, TocHint};
 use weenv_format::Digest;
+use weenv_registry::Platform;
 use weenv_registry::{select_platform, Client, Descriptor, ImageIndex, ImageManifest, Manifest};
 
 /// Result for one layer.
@@ -47,16 +48,18 @@ pub fn runnable(d: &Descriptor) -> bool {
 /// The entries of index `ix` to work on: the one for `platform`, or every runnable one.
 pub fn index_children(
     ix: &ImageIndex,
-    platform: Option<&PlatformSpec>,
+    platform: Option<&Platform>,
     location: &str,
 ) -> Result<Vec<Descriptor>, ConvertError> {
     Ok(match platform {
-        Some(p) => vec![select_platform(ix, &p.os, &p.arch, p.variant.as_deref())
-            .ok_or_else(|| ConvertError::BadImage {
-                location: location.to_string(),
-                reason: format!("index has no manifest for {}/{}", p.os, p.arch),
-            })?
-            .clone()],
+        Some(p) => vec![
+            select_platform(ix, &p.os, &p.architecture, p.variant.as_deref())
+                .ok_or_else(|| ConvertError::BadImage {
+                    location: location.to_string(),
+                    reason: format!("index has no manifest for {}/{}", p.os, p.architecture),
+                })?
+                .clone(),
+        ],
         None => ix
             .manifests
             .iter()
@@ -70,7 +73,7 @@ pub fn index_children(
 /// for), with their platform label and digest.
 pub async fn image_manifests(
     source: &Source,
-    platform: Option<&PlatformSpec>,
+    platform: Option<&Platform>,
 ) -> Result<Vec<(Option<String>, ImageManifest, Digest)>, ConvertError> {
     let root = source.root().await?;
     let children = match Manifest::parse(&root.media_type, &root.bytes)? {
@@ -91,7 +94,7 @@ pub async fn image_manifests(
 pub async fn verify_image(
     client: &Client,
     loc: &ImageLocation,
-    platform: Option<&PlatformSpec>,
+    platform: Option<&Platform>,
 ) -> Result<Vec<LayerVerdict>, ConvertError> {
     let source = {
         let (client, loc) = (client.clone(), loc.clone());

@@ -269,7 +269,7 @@ fn cli_prefetch_reads_stdin_and_prints_json() {
 
 #[test]
 fn index_platforms_are_profiled_each_against_its_own_layers() {
-    use weenv_converter::PlatformSpec;
+    use weenv_registry::Platform;
     let tmp = tempfile::tempdir().unwrap();
     let rt = rt();
     let src = tmp.path().join("src");
@@ -321,7 +321,7 @@ fn index_platforms_are_profiled_each_against_its_own_layers() {
     );
 
     // One platform in place: the other entry stays as it was.
-    let arm: PlatformSpec = "linux/arm64".parse().unwrap();
+    let arm: Platform = "linux/arm64".parse().unwrap();
     let only = rt
         .block_on(apply_profile(
             &client(),

@@ -2,9 +2,10 @@
 //! contributes ([`source_config`], for groups cut from images or other groups), and a
 //! command-line fragment merged over an inherited one ([`merge_fragment`]). Pure.
 
-use crate::group::{ConfigFragment, GroupConfig, Platform, MEDIA_TYPE_GROUP_CONFIG};
+use crate::group::{ConfigFragment, GroupConfig, MEDIA_TYPE_GROUP_CONFIG};
 use crate::plan::merge_env;
 use weenv_format::Digest;
+use weenv_registry::Platform;
 
 /// Fragment of an OCI image config (`config` section) for `--from` sources.
 pub fn image_fragment(cfg: &serde_json::Value) -> ConfigFragment {
@@ -58,6 +59,7 @@ pub fn source_config(
             .unwrap_or(&host.architecture)
             .to_string(),
         variant: cfg["variant"].as_str().map(str::to_string),
+        ..Default::default()
     };
     Ok((diff_ids, image_fragment(&cfg), platform))
 }
@@ -104,20 +106,24 @@ mod tests {
             version: 1,
             kind: GroupKind::Task,
             name: "t".into(),
-            platform: Platform::host(),
+            platform: weenv_registry::manifest::host_platform(),
             config: ConfigFragment {
                 workdir: Some("/w".into()),
                 ..Default::default()
             },
             diff_ids: vec![Digest::sha256(b"x")],
         };
-        let (d, fr, _) =
-            source_config(MEDIA_TYPE_GROUP_CONFIG, &g.to_json(), &Platform::host()).unwrap();
+        let (d, fr, _) = source_config(
+            MEDIA_TYPE_GROUP_CONFIG,
+            &g.to_json(),
+            &weenv_registry::manifest::host_platform(),
+        )
+        .unwrap();
         assert_eq!((d.len(), fr.workdir.as_deref()), (1, Some("/w")));
         let (d, _, p) = source_config(
             "application/vnd.oci.image.config.v1+json",
             br#"{"architecture":"arm64","os":"linux","rootfs":{"diff_ids":[]}}"#,
-            &Platform::host(),
+            &weenv_registry::manifest::host_platform(),
         )
         .unwrap();
         assert_eq!((d.len(), p.architecture.as_str()), (0, "arm64"));

@@ -17,6 +17,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use thiserror::Error;
 use weenv_format::Digest;
+use weenv_registry::Platform;
 
 /// Media type (and `artifactType`) of a layer group's config blob.
 pub const MEDIA_TYPE_GROUP_CONFIG: &str = "application/vnd.weenv.group.config.v1+json";
@@ -98,44 +99,6 @@ impl<'de> Deserialize<'de> for GroupKind {
     }
 }
 
-/// Target platform of a group (and of a composed image).
-#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct Platform {
-    /// `linux`.
-    pub os: String,
-    /// GOARCH spelling: `amd64`, `arm64`, ...
-    pub architecture: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub variant: Option<String>,
-}
-
-impl Platform {
-    /// The platform of this machine in GOARCH spelling.
-    pub fn host() -> Self {
-        let architecture = match std::env::consts::ARCH {
-            "x86_64" => "amd64",
-            "aarch64" => "arm64",
-            "x86" => "386",
-            other => other,
-        };
-        Platform {
-            os: "linux".into(),
-            architecture: architecture.into(),
-            variant: None,
-        }
-    }
-}
-
-impl fmt::Display for Platform {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.os, self.architecture)?;
-        if let Some(v) = &self.variant {
-            write!(f, "/{v}")?;
-        }
-        Ok(())
-    }
-}
-
 /// The image-config fragment a group contributes. Every field is optional; unset fields
 /// are inherited from lower groups when composing.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -165,6 +128,8 @@ pub struct GroupConfig {
     pub kind: GroupKind,
     /// Human name (`python-base`, `harness`), not necessarily the reference.
     pub name: String,
+    /// Written `{"os", "architecture", "variant"?}` (see [`platform_fields`]).
+    #[serde(with = "platform_fields")]
     pub platform: Platform,
     #[serde(default)]
     pub config: ConfigFragment,
@@ -221,6 +186,44 @@ impl GroupConfig {
             }
         }
         Ok(())
+    }
+}
+
+/// A group config's platform in the field order group configs were first published with
+/// (`os`, `architecture`, `variant`, then the rarer OCI fields), so the bytes, and the digests
+/// of existing groups, stay what they were; the type is the workspace's one [`Platform`].
+mod platform_fields {
+    use super::Platform;
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    #[derive(Serialize)]
+    struct Ordered<'a> {
+        os: &'a str,
+        architecture: &'a str,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        variant: Option<&'a str>,
+        #[serde(rename = "os.version", skip_serializing_if = "Option::is_none")]
+        os_version: Option<&'a str>,
+        #[serde(rename = "os.features", skip_serializing_if = "Option::is_none")]
+        os_features: Option<&'a [String]>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        features: Option<&'a [String]>,
+    }
+
+    pub fn serialize<S: Serializer>(p: &Platform, s: S) -> Result<S::Ok, S::Error> {
+        Ordered {
+            os: &p.os,
+            architecture: &p.architecture,
+            variant: p.variant.as_deref(),
+            os_version: p.os_version.as_deref(),
+            os_features: p.os_features.as_deref(),
+            features: p.features.as_deref(),
+        }
+        .serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Platform, D::Error> {
+        Platform::deserialize(d)
     }
 }
 
@@ -345,11 +348,7 @@ mod tests {
             version: 1,
             kind: GroupKind::Harness,
             name: "harness".into(),
-            platform: Platform {
-                os: "linux".into(),
-                architecture: "amd64".into(),
-                variant: None,
-            },
+            platform: "linux/amd64".parse().unwrap(),
             config: ConfigFragment {
                 env: vec!["PATH=/opt/harness/bin".into(), "HARNESS=1".into()],
                 workdir: Some("/work".into()),
@@ -367,6 +366,11 @@ mod tests {
         let s = String::from_utf8(j).unwrap();
         assert!(s.contains("\"kind\":\"harness\""), "{s}");
         assert!(s.contains("\"diffIds\""), "{s}");
+        // Platform bytes as first published (os before architecture), so digests hold.
+        assert!(
+            s.contains(r#""platform":{"os":"linux","architecture":"amd64"}"#),
+            "{s}"
+        );
         let mut o = c.clone();
         o.kind = GroupKind::from("linter");
         let back = GroupConfig::from_json(&o.to_json()).unwrap();

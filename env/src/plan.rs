@@ -611,7 +611,8 @@ fn mutation_labels(m: &Mutation) -> BTreeMap<String, String> {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use crate::group::{build_group, GroupKind, Platform};
+    use crate::group::{build_group, GroupKind};
+    use weenv_registry::Platform;
 
     fn group(
         reference: &str,
@@ -641,7 +642,7 @@ mod tests {
             platform: Platform {
                 os: "linux".into(),
                 architecture: "amd64".into(),
-                variant: None,
+                ..Default::default()
             },
             config: frag,
             diff_ids: layers

@@ -149,7 +149,7 @@ pub async fn push_one_layer_image(
 ) -> Result<Digest> {
     let r: weenv_registry::Reference = reference.parse()?;
     let config = serde_json::json!({
-        "architecture": weenv_registry::manifest::host_platform().1,
+        "architecture": weenv_registry::manifest::host_platform().architecture,
         "os": "linux",
         "config": {"Cmd": ["/bin/sh"]},
         "rootfs": {"type": "layers", "diff_ids": [diff_id.to_string()]},

@@ -163,7 +163,7 @@ async fn publish_groups() -> Result<Published> {
     };
     images::push_oci_layout(&img, &format!("{}/src/python:1", reg.host()))?;
     let src = format!("{host}/src/python:1");
-    let host_p = weenv_env::group::Platform::host();
+    let host_p = weenv_registry::manifest::host_platform();
     let (m, _) = client
         .get_image_manifest(&parse_ref(&src)?, &host_p.os, &host_p.architecture, None)
         .await?;

@@ -104,7 +104,7 @@ async fn push_with_layer(
         .get_image_manifest(
             &good.parse()?,
             "linux",
-            weenv_registry::manifest::host_platform().1,
+            &weenv_registry::manifest::host_platform().architecture,
             None,
         )
         .await?;

@@ -325,7 +325,7 @@ async fn pull_for_another_platform_of_a_single_platform_image_fails() -> Result<
         }
         Ok(c.output()?)
     };
-    let (_, arch) = weenv_registry::manifest::host_platform();
+    let arch = weenv_registry::manifest::host_platform().architecture;
     let o = pull(Some("linux/s390x"))?;
     let err = String::from_utf8_lossy(&o.stderr);
     ensure!(!o.status.success(), "pull for s390x succeeded: {err}");

@@ -1,13 +1,25 @@
-//! OCI / Docker v2 schema 2 manifests and indexes (our own serde types), media types and
-//! platform selection.
+//! The workspace's one OCI image model: descriptors, manifests and indexes (OCI and Docker
+//! v2 schema 2), the platform type, the image-config head, media types, platform selection
+//! and chain ids. Every crate (env, converter, snapshotter, cli) uses these types.
 //!
 //! Parsing is lenient about unknown fields (registries add their own) and strict about what
 //! we use: digests must be `sha256:<hex>`, sizes integers. Serialisation keeps field order and
 //! skips absent optionals, so manifests written by the converter are deterministic.
+//!
+//! Why local types and not `oci-spec`'s (0.10) image types: its `Descriptor`/`ImageManifest`
+//! keep annotations in a `HashMap`, so serialising them gives a different key order per run
+//! (and a different digest for the same manifest), while the converter, groups and plans must
+//! emit identical bytes for identical input; its `Platform` (de)serialises `os.version` and
+//! `os.features` as `os_version`/`os_features` (not the spec's names) and reads `armbe` as
+//! `arm64be`, which would change index bytes we pass through. Until those gaps close, this
+//! module is the single home of the model.
 
 use crate::error::RegistryError;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+use thiserror::Error;
 use weenv_format::Digest;
 
 pub const OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
@@ -76,6 +88,42 @@ pub struct Platform {
     pub variant: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub features: Option<Vec<String>>,
+}
+
+impl fmt::Display for Platform {
+    /// `os/arch[/variant]`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.os, self.architecture)?;
+        if let Some(v) = &self.variant {
+            write!(f, "/{v}")?;
+        }
+        Ok(())
+    }
+}
+
+/// A platform written as `os/arch[/variant]` that does not parse.
+#[derive(Debug, Error)]
+#[error("{0:?} is not os/arch[/variant], e.g. linux/amd64")]
+pub struct PlatformParseError(pub String);
+
+impl FromStr for Platform {
+    type Err = PlatformParseError;
+    /// `os/arch[/variant]`, each part non-empty (the one parser of `--platform` values).
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let parts: Vec<&str> = s.split('/').collect();
+        if parts.iter().any(|p| p.is_empty()) {
+            return Err(PlatformParseError(s.to_string()));
+        }
+        match parts.as_slice() {
+            [os, arch] | [os, arch, _] => Ok(Platform {
+                os: os.to_string(),
+                architecture: arch.to_string(),
+                variant: parts.get(2).map(|v| v.to_string()),
+                ..Default::default()
+            }),
+            _ => Err(PlatformParseError(s.to_string())),
+        }
+    }
 }
 
 /// An image manifest (OCI or Docker v2 schema 2).
@@ -234,9 +282,13 @@ pub fn normalize_arch(arch: &str) -> &str {
     }
 }
 
-/// The platform this binary runs on (`linux`, normalised arch, no variant).
-pub fn host_platform() -> (&'static str, &'static str) {
-    (std::env::consts::OS, normalize_arch(std::env::consts::ARCH))
+/// The platform this binary runs on (`linux`, normalised GOARCH spelling, no variant).
+pub fn host_platform() -> Platform {
+    Platform {
+        os: std::env::consts::OS.to_string(),
+        architecture: normalize_arch(std::env::consts::ARCH).to_string(),
+        ..Default::default()
+    }
 }
 
 /// Pick the index entry for (os, arch, variant): the first whose platform
@@ -410,5 +462,21 @@ mod tests {
             Digest::sha256(format!("{a} {b}").as_bytes()).to_string()
         );
         assert!(chain_ids(&[]).is_empty());
+    }
+
+    #[test]
+    fn platforms_parse_and_print_as_os_arch_variant() {
+        let p: Platform = "linux/arm64/v8".parse().unwrap();
+        assert_eq!(p.variant.as_deref(), Some("v8"));
+        assert_eq!(p.to_string(), "linux/arm64/v8");
+        let p: Platform = "linux/amd64".parse().unwrap();
+        assert_eq!((p.os.as_str(), p.architecture.as_str()), ("linux", "amd64"));
+        assert_eq!(p.to_string(), "linux/amd64");
+        assert!("linux".parse::<Platform>().is_err());
+        assert!("linux//".parse::<Platform>().is_err());
+        assert!("linux/amd64/v1/x".parse::<Platform>().is_err());
+        let h = host_platform();
+        assert_eq!(h.os, "linux");
+        assert_eq!(h.architecture, normalize_arch(&h.architecture));
     }
 }

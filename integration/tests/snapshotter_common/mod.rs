@@ -318,7 +318,7 @@ pub async fn image_layer_bytes(client: &weenv_registry::Client, reference: &str)
         .get_image_manifest(
             &r,
             "linux",
-            weenv_registry::manifest::host_platform().1,
+            &weenv_registry::manifest::host_platform().architecture,
             None,
         )
         .await?;

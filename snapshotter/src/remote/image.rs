@@ -114,9 +114,9 @@ impl ImageCache {
 
 async fn fetch(registry: &Client, r: Reference) -> Result<ImageInfo, String> {
     // An index: this host's entry (one GET for the index, one for the entry).
-    let (os, arch) = weenv_registry::manifest::host_platform();
+    let host = weenv_registry::manifest::host_platform();
     let (m, _) = registry
-        .get_image_manifest(&r, os, arch, None)
+        .get_image_manifest(&r, &host.os, &host.architecture, None)
         .await
         .map_err(|e| e.to_string())?;
     let diff_ids = match registry.get_blob(&r, &m.config.digest).await {
