@@ -1,7 +1,8 @@
 //! weenv environments: how independently evolving parts (an OS base, a repository at a
 //! commit, a harness, an evaluator) are published and composed into runnable images.
 //!
-//! Pure: no network, no async runtime. The registry I/O (resolve, fetch, push, mount) is in
+//! Pure: no network, no async runtime (it uses `weenv-registry` only for the workspace's one
+//! OCI model, e.g. [`weenv_registry::Platform`]). The registry I/O (resolve, fetch, push, mount) is in
 //! `weenv-converter` (`group.rs`, `plan.rs`, `mutate.rs`), which drives these parts.
 //!
 //! Parts:
