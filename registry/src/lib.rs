@@ -26,10 +26,6 @@ mod client;
 pub mod config;
 pub mod error;
 pub mod manifest;
-#[cfg(test)]
-mod mock_tests;
-#[cfg(test)]
-mod prop_tests;
 mod pull;
 mod push;
 pub mod range_reader;
@@ -37,6 +33,8 @@ pub mod reference;
 pub mod retry;
 pub mod source;
 pub mod stats;
+#[cfg(test)]
+mod tests;
 mod tls;
 
 pub use auth::{Credential, CredentialSource};
