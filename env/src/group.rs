@@ -417,5 +417,8 @@ mod tests {
             Some(MEDIA_TYPE_GROUP_CONFIG)
         );
         assert!(build_group(sample_config(), vec![]).is_err());
+        // Pins the group manifest/config bytes (field order, skip rules, BTreeMap annotations).
+        assert_eq!(a.manifest_digest.to_string(), "sha256:6b5d2b625b3681d600bbdd31b091ffdf77808310e7bfb16f8e94b42dc61a427f");
+        assert_eq!(Digest::sha256(&a.config_json).to_string(), "sha256:7e6573247faa99095eb0374e4928a7d3ada1a4a51bff26561b290d75c2223138");
     }
 }

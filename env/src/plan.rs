@@ -752,6 +752,16 @@ groups = ["r/base:1", "r/task:1", "r/harness:1", "r/eval:1"]
     }
 
     #[test]
+    fn compose_bytes_are_pinned() {
+        // Pins the composed manifest/config bytes: a change of the OCI model's field order or
+        // skip rules must show up here.
+        let (g, plan) = four();
+        let c = compose(&g, &plan).unwrap();
+        assert_eq!(c.manifest_digest.to_string(), "sha256:2832f777ad312bd91ea3bc830071b9fafbb3a8eca986c8391e7eb59086030001");
+        assert_eq!(c.config_digest.to_string(), "sha256:2b93549109badd189ac7d5381c55d4fe451856e80b18651bee484f5d32ad1081");
+    }
+
+    #[test]
     fn compose_is_deterministic() {
         let (g, plan) = four();
         let a = compose(&g, &plan).unwrap();
