@@ -599,10 +599,10 @@ mod tests {
     #[test]
     fn a_single_platform_image_must_be_for_the_requested_platform() {
         let cfg = |os: &str, arch: &str| ImageConfig {
-            rootfs: RootFs { diff_ids: vec![] },
             os: Some(os.into()),
             architecture: Some(arch.into()),
-            variant: None,
+            rootfs: RootFs::default(),
+            ..Default::default()
         };
         let amd64 = cfg("linux", "amd64");
         let err = check_config_platform(&amd64, "r/x:1", &"linux/s390x".parse().unwrap())

@@ -14,12 +14,13 @@ use std::path::{Path, PathBuf};
 use thiserror::Error;
 use weenv_env::fragment::{merge_fragment, source_config};
 use weenv_env::group::{
-    build_group, BuiltGroup, ConfigFragment, Descriptor, GroupConfig, GroupKind,
-    GROUP_CONFIG_VERSION, MEDIA_TYPE_OCI_MANIFEST,
+    build_group, BuiltGroup, ConfigFragment, GroupConfig, GroupKind, GROUP_CONFIG_VERSION,
+    MEDIA_TYPE_OCI_MANIFEST,
 };
 use weenv_format::reader::TocHint;
 use weenv_format::writer::{descriptor_annotations, write_layer, LayerSummary, WriterOptions};
 use weenv_format::{Digest, FormatError, MEDIA_TYPE_LAYER_ZSTD};
+use weenv_registry::manifest::Descriptor;
 use weenv_registry::{BlobPush, Client, Platform, Reference, RegistryError};
 
 /// Upload chunk size for layer blobs.
@@ -241,12 +242,8 @@ pub fn scratch_file(scratch: &Path, prefix: &str, suffix: &str) -> Result<PathBu
 
 fn weenv_descriptor(s: &LayerSummary) -> Descriptor {
     Descriptor {
-        media_type: MEDIA_TYPE_LAYER_ZSTD.into(),
-        digest: s.blob_digest.clone(),
-        size: s.blob_size,
-        artifact_type: None,
         annotations: descriptor_annotations(s),
-        urls: vec![],
+        ..Descriptor::new(MEDIA_TYPE_LAYER_ZSTD, s.blob_digest.clone(), s.blob_size)
     }
 }
 
@@ -321,12 +318,8 @@ async fn prepare_image_layers(
         if hint.is_some() {
             out.push(PreparedLayer {
                 desc: Descriptor {
-                    media_type: l.media_type.clone(),
-                    digest: l.digest.clone(),
-                    size: l.size,
-                    artifact_type: None,
                     annotations: l.annotations.clone(),
-                    urls: vec![],
+                    ..Descriptor::new(&l.media_type, l.digest.clone(), l.size)
                 },
                 diff_id: diff_ids[i].clone(),
                 file: None,

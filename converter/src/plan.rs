@@ -8,7 +8,7 @@ use crate::resolve_cache::{Lookup, ResolveCache, ResolvePolicy};
 use bytes::Bytes;
 use std::collections::BTreeSet;
 use thiserror::Error;
-use weenv_env::group::{Manifest, MEDIA_TYPE_OCI_MANIFEST};
+use weenv_env::group::{parse_manifest, MEDIA_TYPE_OCI_MANIFEST};
 use weenv_env::plan::{compose, Composed, Plan, PlanError, ResolvedGroup};
 use weenv_format::Digest;
 use weenv_registry::{Client, Reference, RegistryError};
@@ -89,7 +89,7 @@ fn from_cache(
         return None;
     };
     let mbytes = cache.blob(&d)?;
-    let m = Manifest::from_json(mbytes).ok()?;
+    let m = parse_manifest(mbytes).ok()?;
     let cbytes = cache.blob(&m.config.digest)?;
     ResolvedGroup::parse(reference, d, mbytes, cbytes).ok()
 }

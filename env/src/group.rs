@@ -17,6 +17,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use thiserror::Error;
 use weenv_format::Digest;
+use weenv_registry::manifest::{Descriptor, ImageManifest};
 use weenv_registry::Platform;
 
 /// Media type (and `artifactType`) of a layer group's config blob.
@@ -227,54 +228,17 @@ mod platform_fields {
     }
 }
 
-/// An OCI content descriptor.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Descriptor {
-    pub media_type: String,
-    pub digest: Digest,
-    pub size: u64,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub artifact_type: Option<String>,
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub annotations: BTreeMap<String, String>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub urls: Vec<String>,
+/// Parse an image manifest's JSON (a group's or a composed image's).
+pub fn parse_manifest(bytes: &[u8]) -> Result<ImageManifest, GroupError> {
+    serde_json::from_slice(bytes).map_err(|source| GroupError::Json {
+        what: "manifest",
+        source,
+    })
 }
 
-/// An OCI image manifest (also used for layer groups).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Manifest {
-    pub schema_version: u32,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub media_type: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub artifact_type: Option<String>,
-    pub config: Descriptor,
-    pub layers: Vec<Descriptor>,
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub annotations: BTreeMap<String, String>,
-}
-
-impl Manifest {
-    /// Parse manifest JSON.
-    pub fn from_json(bytes: &[u8]) -> Result<Self, GroupError> {
-        serde_json::from_slice(bytes).map_err(|source| GroupError::Json {
-            what: "manifest",
-            source,
-        })
-    }
-
-    /// Canonical JSON bytes.
-    pub fn to_json(&self) -> Vec<u8> {
-        canonical_json(self)
-    }
-
-    /// Whether this manifest is a weenv layer group.
-    pub fn is_group(&self) -> bool {
-        self.config.media_type == MEDIA_TYPE_GROUP_CONFIG
-    }
+/// Whether `m` is a weenv layer group's manifest.
+pub fn is_group(m: &ImageManifest) -> bool {
+    m.config.media_type == MEDIA_TYPE_GROUP_CONFIG
 }
 
 /// Serialize `v` as compact JSON. Field order is the struct order and maps are `BTreeMap`s,
@@ -289,7 +253,7 @@ pub fn canonical_json<T: Serialize>(v: &T) -> Vec<u8> {
 pub struct BuiltGroup {
     pub config: GroupConfig,
     pub config_json: Vec<u8>,
-    pub manifest: Manifest,
+    pub manifest: ImageManifest,
     pub manifest_json: Vec<u8>,
     pub manifest_digest: Digest,
 }
@@ -312,22 +276,20 @@ pub fn build_group(config: GroupConfig, layers: Vec<Descriptor>) -> Result<Built
     let mut annotations = BTreeMap::new();
     annotations.insert(ANNOTATION_GROUP_KIND.to_string(), config.kind.to_string());
     annotations.insert(ANNOTATION_GROUP_NAME.to_string(), config.name.clone());
-    let manifest = Manifest {
+    let manifest = ImageManifest {
         schema_version: 2,
         media_type: Some(MEDIA_TYPE_OCI_MANIFEST.into()),
         artifact_type: Some(MEDIA_TYPE_GROUP_CONFIG.into()),
-        config: Descriptor {
-            media_type: MEDIA_TYPE_GROUP_CONFIG.into(),
-            digest: Digest::sha256(&config_json),
-            size: config_json.len() as u64,
-            artifact_type: None,
-            annotations: BTreeMap::new(),
-            urls: vec![],
-        },
+        config: Descriptor::new(
+            MEDIA_TYPE_GROUP_CONFIG,
+            Digest::sha256(&config_json),
+            config_json.len() as u64,
+        ),
         layers,
+        subject: None,
         annotations,
     };
-    let manifest_json = manifest.to_json();
+    let manifest_json = canonical_json(&manifest);
     let manifest_digest = Digest::sha256(&manifest_json);
     Ok(BuiltGroup {
         config,
@@ -395,22 +357,22 @@ mod tests {
     #[test]
     fn build_group_is_deterministic() {
         let layer = Descriptor {
-            media_type: weenv_format::MEDIA_TYPE_LAYER_ZSTD.into(),
-            digest: Digest::sha256(b"blob"),
-            size: 4,
-            artifact_type: None,
             annotations: [(
                 weenv_format::ANNOTATION_TOC_DIGEST.to_string(),
                 "x".to_string(),
             )]
             .into(),
-            urls: vec![],
+            ..Descriptor::new(
+                weenv_format::MEDIA_TYPE_LAYER_ZSTD,
+                Digest::sha256(b"blob"),
+                4,
+            )
         };
         let a = build_group(sample_config(), vec![layer.clone()]).unwrap();
         let b = build_group(sample_config(), vec![layer.clone()]).unwrap();
         assert_eq!(a.manifest_digest, b.manifest_digest);
-        assert!(a.manifest.is_group());
-        let parsed = Manifest::from_json(&a.manifest_json).unwrap();
+        assert!(is_group(&a.manifest));
+        let parsed = parse_manifest(&a.manifest_json).unwrap();
         assert_eq!(parsed, a.manifest);
         assert_eq!(
             parsed.artifact_type.as_deref(),
@@ -418,7 +380,13 @@ mod tests {
         );
         assert!(build_group(sample_config(), vec![]).is_err());
         // Pins the group manifest/config bytes (field order, skip rules, BTreeMap annotations).
-        assert_eq!(a.manifest_digest.to_string(), "sha256:6b5d2b625b3681d600bbdd31b091ffdf77808310e7bfb16f8e94b42dc61a427f");
-        assert_eq!(Digest::sha256(&a.config_json).to_string(), "sha256:7e6573247faa99095eb0374e4928a7d3ada1a4a51bff26561b290d75c2223138");
+        assert_eq!(
+            a.manifest_digest.to_string(),
+            "sha256:6b5d2b625b3681d600bbdd31b091ffdf77808310e7bfb16f8e94b42dc61a427f"
+        );
+        assert_eq!(
+            Digest::sha256(&a.config_json).to_string(),
+            "sha256:7e6573247faa99095eb0374e4928a7d3ada1a4a51bff26561b290d75c2223138"
+        );
     }
 }

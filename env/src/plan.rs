@@ -26,13 +26,16 @@
 //! wins); then the plan's `[config]` overrides. All groups must share one platform.
 
 use crate::group::{
-    canonical_json, ConfigFragment, Descriptor, GroupConfig, Manifest, MEDIA_TYPE_OCI_CONFIG,
+    canonical_json, is_group, parse_manifest, ConfigFragment, GroupConfig, MEDIA_TYPE_OCI_CONFIG,
     MEDIA_TYPE_OCI_MANIFEST,
 };
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use thiserror::Error;
 use weenv_format::Digest;
+use weenv_registry::manifest::{
+    Descriptor, History, ImageConfig, ImageManifest, RootFs, RuntimeConfig,
+};
 
 /// Current plan file version.
 pub const PLAN_VERSION: u32 = 1;
@@ -292,18 +295,21 @@ pub struct ResolvedGroup {
     /// The reference as written in the plan.
     pub reference: String,
     pub manifest_digest: Digest,
-    pub manifest: Manifest,
+    pub manifest: ImageManifest,
     pub config: GroupConfig,
 }
 
 impl ResolvedGroup {
     /// Check that `manifest_bytes` is a layer group's manifest (before its config is fetched).
-    pub fn parse_manifest(reference: &str, manifest_bytes: &[u8]) -> Result<Manifest, PlanError> {
-        let manifest = Manifest::from_json(manifest_bytes).map_err(|e| PlanError::BadGroup {
+    pub fn parse_manifest(
+        reference: &str,
+        manifest_bytes: &[u8],
+    ) -> Result<ImageManifest, PlanError> {
+        let manifest = parse_manifest(manifest_bytes).map_err(|e| PlanError::BadGroup {
             reference: reference.to_string(),
             reason: e.to_string(),
         })?;
-        if !manifest.is_group() {
+        if !is_group(&manifest) {
             return Err(PlanError::NotAGroup {
                 reference: reference.to_string(),
                 media_type: manifest.config.media_type,
@@ -366,58 +372,13 @@ fn merge_path(upper: &str, lower: &str) -> String {
     parts.join(":")
 }
 
-/// OCI image config `config` section.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "PascalCase")]
-pub struct RuntimeConfig {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub user: Option<String>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub env: Vec<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub entrypoint: Option<Vec<String>>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cmd: Option<Vec<String>>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub working_dir: Option<String>,
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub labels: BTreeMap<String, String>,
-}
-
-/// OCI image config `rootfs` section.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RootFs {
-    #[serde(rename = "type")]
-    pub kind: String,
-    pub diff_ids: Vec<Digest>,
-}
-
-/// OCI image config `history` entry.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct History {
-    pub created_by: String,
-}
-
-/// An OCI image config (the subset weenv writes). No `created` field, for determinism.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ImageConfig {
-    pub architecture: String,
-    pub os: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub variant: Option<String>,
-    pub config: RuntimeConfig,
-    pub rootfs: RootFs,
-    #[serde(default)]
-    pub history: Vec<History>,
-}
-
 /// A composed image: config + manifest bytes and digests.
 #[derive(Clone, Debug)]
 pub struct Composed {
     pub config: ImageConfig,
     pub config_json: Vec<u8>,
     pub config_digest: Digest,
-    pub manifest: Manifest,
+    pub manifest: ImageManifest,
     pub manifest_json: Vec<u8>,
     pub manifest_digest: Digest,
 }
@@ -464,8 +425,8 @@ pub fn compose(groups: &[ResolvedGroup], plan: &Plan) -> Result<Composed, PlanEr
     }
 
     let config = ImageConfig {
-        architecture: platform.architecture.clone(),
-        os: platform.os.clone(),
+        architecture: Some(platform.architecture.clone()),
+        os: Some(platform.os.clone()),
         variant: platform.variant.clone(),
         config: RuntimeConfig {
             user: frag.user,
@@ -477,7 +438,7 @@ pub fn compose(groups: &[ResolvedGroup], plan: &Plan) -> Result<Composed, PlanEr
         },
         rootfs: RootFs {
             kind: "layers".into(),
-            diff_ids,
+            diff_ids: diff_ids.iter().map(Digest::to_string).collect(),
         },
         history,
     };
@@ -487,19 +448,17 @@ pub fn compose(groups: &[ResolvedGroup], plan: &Plan) -> Result<Composed, PlanEr
         .iter()
         .map(|g| format!("{}@{}", g.reference, g.manifest_digest))
         .collect();
-    let manifest = Manifest {
+    let manifest = ImageManifest {
         schema_version: 2,
         media_type: Some(MEDIA_TYPE_OCI_MANIFEST.into()),
         artifact_type: None,
-        config: Descriptor {
-            media_type: MEDIA_TYPE_OCI_CONFIG.into(),
-            digest: config_digest.clone(),
-            size: config_json.len() as u64,
-            artifact_type: None,
-            annotations: BTreeMap::new(),
-            urls: vec![],
-        },
+        config: Descriptor::new(
+            MEDIA_TYPE_OCI_CONFIG,
+            config_digest.clone(),
+            config_json.len() as u64,
+        ),
         layers,
+        subject: None,
         annotations: [(ANNOTATION_PLAN_GROUPS.to_string(), provenance.join(","))].into(),
     };
     let manifest_json = canonical_json(&manifest);
@@ -516,7 +475,7 @@ pub fn compose(groups: &[ResolvedGroup], plan: &Plan) -> Result<Composed, PlanEr
 
 fn check_groups(groups: &[ResolvedGroup]) -> Result<(), PlanError> {
     for (i, g) in groups.iter().enumerate() {
-        if !g.manifest.is_group() {
+        if !is_group(&g.manifest) {
             return Err(PlanError::NotAGroup {
                 reference: g.reference.clone(),
                 media_type: g.manifest.config.media_type.clone(),
@@ -622,13 +581,12 @@ mod tests {
     ) -> ResolvedGroup {
         let descs: Vec<Descriptor> = layers
             .iter()
-            .map(|b| Descriptor {
-                media_type: weenv_format::MEDIA_TYPE_LAYER_ZSTD.into(),
-                digest: Digest::sha256(b),
-                size: b.len() as u64,
-                artifact_type: None,
-                annotations: BTreeMap::new(),
-                urls: vec![],
+            .map(|b| {
+                Descriptor::new(
+                    weenv_format::MEDIA_TYPE_LAYER_ZSTD,
+                    Digest::sha256(b),
+                    b.len() as u64,
+                )
             })
             .collect();
         let cfg = GroupConfig {
@@ -725,7 +683,10 @@ groups = ["r/base:1", "r/task:1", "r/harness:1", "r/eval:1"]
             .collect();
         assert_eq!(layer_digests, want);
         assert_eq!(c.config.rootfs.diff_ids.len(), 5);
-        assert_eq!(c.config.rootfs.diff_ids[0], g[0].config.diff_ids[0]);
+        assert_eq!(
+            c.config.rootfs.diff_ids[0],
+            g[0].config.diff_ids[0].to_string()
+        );
         let rc = &c.config.config;
         assert_eq!(
             rc.env,
@@ -744,7 +705,7 @@ groups = ["r/base:1", "r/task:1", "r/harness:1", "r/eval:1"]
         assert_eq!(rc.labels.get("repo").map(String::as_str), Some("x"));
         assert_eq!(c.manifest.config.digest, Digest::sha256(&c.config_json));
         assert_eq!(c.manifest_digest, Digest::sha256(&c.manifest_json));
-        assert!(!c.manifest.is_group());
+        assert!(!is_group(&c.manifest));
         let j = String::from_utf8(c.config_json.clone()).unwrap();
         assert!(j.contains("\"Env\""), "{j}");
         assert!(j.contains("\"WorkingDir\""), "{j}");
@@ -757,8 +718,14 @@ groups = ["r/base:1", "r/task:1", "r/harness:1", "r/eval:1"]
         // skip rules must show up here.
         let (g, plan) = four();
         let c = compose(&g, &plan).unwrap();
-        assert_eq!(c.manifest_digest.to_string(), "sha256:2832f777ad312bd91ea3bc830071b9fafbb3a8eca986c8391e7eb59086030001");
-        assert_eq!(c.config_digest.to_string(), "sha256:2b93549109badd189ac7d5381c55d4fe451856e80b18651bee484f5d32ad1081");
+        assert_eq!(
+            c.manifest_digest.to_string(),
+            "sha256:2832f777ad312bd91ea3bc830071b9fafbb3a8eca986c8391e7eb59086030001"
+        );
+        assert_eq!(
+            c.config_digest.to_string(),
+            "sha256:2b93549109badd189ac7d5381c55d4fe451856e80b18651bee484f5d32ad1081"
+        );
     }
 
     #[test]
@@ -947,7 +914,7 @@ checkout = "abc"
             let want: Vec<Digest> = groups.iter().flat_map(|g| g.manifest.layers.iter().map(|l| l.digest.clone())).collect();
             let got: Vec<Digest> = c.manifest.layers.iter().map(|l| l.digest.clone()).collect();
             proptest::prop_assert_eq!(got, want);
-            let want_ids: Vec<Digest> = groups.iter().flat_map(|g| g.config.diff_ids.clone()).collect();
+            let want_ids: Vec<String> = groups.iter().flat_map(|g| g.config.diff_ids.iter().map(Digest::to_string)).collect();
             proptest::prop_assert_eq!(&c.config.rootfs.diff_ids, &want_ids);
             let path = c.config.config.env.iter().find_map(|e| e.strip_prefix("PATH=")).map(str::to_string);
             let all: std::collections::BTreeSet<&str> = spec.iter().flat_map(|(_, p)| p.iter().flatten().copied()).collect();

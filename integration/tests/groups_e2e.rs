@@ -418,8 +418,7 @@ async fn lazy_upgrade_fetches_only_the_new_harness() -> Result<()> {
         .collect();
     let fetched: u64 = blob_gets.iter().map(|r| r.response_bytes).sum();
     let env2_manifest = p.client.get_manifest(&parse_ref(&env2)?).await?;
-    let m: weenv_env::group::Manifest =
-        weenv_env::group::Manifest::from_json(&env2_manifest.bytes)?;
+    let m = weenv_env::group::parse_manifest(&env2_manifest.bytes)?;
     ensure!(env2_manifest.digest.to_string() == d2);
     let other_layers: Vec<String> = m
         .layers

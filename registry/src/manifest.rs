@@ -222,16 +222,23 @@ impl Manifest {
     }
 }
 
-/// What `weenv pull` and the daemon read from an image config.
-#[derive(serde::Deserialize)]
+/// An image config: what `weenv pull` and the daemon read (platform, `rootfs.diff_ids`) and
+/// what a composed plan image writes (no `created` field, for determinism). Field order is the
+/// written order. Reading is lenient about what the readers do not use: a `config` or
+/// `history` that does not fit these types (e.g. Docker's `"Labels": null`) reads as empty.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ImageConfig {
-    pub rootfs: RootFs,
-    #[serde(default)]
-    pub os: Option<String>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub architecture: Option<String>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub os: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub variant: Option<String>,
+    #[serde(default, deserialize_with = "or_default")]
+    pub config: RuntimeConfig,
+    pub rootfs: RootFs,
+    #[serde(default, deserialize_with = "or_default")]
+    pub history: Vec<History>,
 }
 
 impl ImageConfig {
@@ -246,10 +253,47 @@ impl ImageConfig {
     }
 }
 
+/// `value` as a `T`, or `T::default()` when it is not one (see [`ImageConfig`]).
+fn or_default<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: serde::de::DeserializeOwned + Default,
+{
+    let v = serde_json::Value::deserialize(d)?;
+    Ok(serde_json::from_value(v).unwrap_or_default())
+}
+
+/// Image config `config` section (the subset weenv writes).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase")]
+pub struct RuntimeConfig {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub entrypoint: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cmd: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub working_dir: Option<String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+}
+
 /// `rootfs` of an image config.
-#[derive(serde::Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RootFs {
+    #[serde(rename = "type", default)]
+    pub kind: String,
     pub diff_ids: Vec<String>,
+}
+
+/// Image config `history` entry.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct History {
+    #[serde(default)]
+    pub created_by: String,
 }
 
 /// Chain ids of a layer stack from its diff ids (OCI image spec: `chain(n) =
@@ -329,6 +373,23 @@ pub fn platform_matches(p: &Platform, os: &str, arch: &str, variant: Option<&str
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A registry image config reads whatever its `config`/`history` hold (Docker writes
+    /// `"Labels": null`); only platform and diff ids matter to the readers.
+    #[test]
+    fn an_image_config_reads_leniently() {
+        let j = br#"{"architecture":"amd64","os":"linux","config":{"Env":null,"Labels":null,"Cmd":["sh"]},
+            "rootfs":{"type":"layers","diff_ids":["sha256:aa"]},"history":[{"created":"x","empty_layer":true}]}"#;
+        let c: ImageConfig = serde_json::from_slice(j).unwrap();
+        assert_eq!(c.rootfs.diff_ids, vec!["sha256:aa".to_string()]);
+        assert_eq!(
+            c.platform().map(|p| p.to_string()).as_deref(),
+            Some("linux/amd64")
+        );
+        assert_eq!(c.config, RuntimeConfig::default());
+        let c: ImageConfig = serde_json::from_slice(br#"{"rootfs":{"diff_ids":[]}}"#).unwrap();
+        assert_eq!(c.platform(), None);
+    }
 
     fn d(n: u8) -> String {
         Digest::sha256(&[n]).to_string()
