@@ -416,7 +416,7 @@ async fn plan(
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use weenv_format::{ChunkRef, Entry, EntryKind, Frame, FrameIdx};
+    use weenv_format::{ChunkRef, Frame, FrameIdx};
 
     fn toc(files: &[(&str, &[u32])], frames: u32) -> Toc {
         let mut t = Toc::new();
@@ -429,31 +429,17 @@ mod tests {
             })
             .collect();
         for (p, fs) in files {
-            let e = Entry {
-                path: p.to_string(),
-                header: 0,
-                kind: EntryKind::File,
-                mode: 0o644,
-                uid: 0,
-                gid: 0,
-                mtime: 0,
-                mtime_nsec: 0,
-                size: 10 * fs.len() as u64,
-                link: None,
-                devmajor: 0,
-                devminor: 0,
-                xattrs: BTreeMap::new(),
-                chunks: fs
-                    .iter()
-                    .enumerate()
-                    .map(|(k, f)| ChunkRef {
-                        file_offset: 10 * k as u64,
-                        frame: FrameIdx(*f),
-                        frame_offset: 0,
-                        len: 10,
-                    })
-                    .collect(),
-            };
+            let chunks = fs
+                .iter()
+                .enumerate()
+                .map(|(k, f)| ChunkRef {
+                    file_offset: 10 * k as u64,
+                    frame: FrameIdx(*f),
+                    frame_offset: 0,
+                    len: 10,
+                })
+                .collect();
+            let e = weenv_format::testdata::file_entry(p, 10 * fs.len() as u64, chunks);
             t.entries.push(e);
         }
         t

@@ -104,7 +104,8 @@ pub fn frames_for_dir(toc: &Toc, dir: &str) -> Vec<FrameIdx> {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use crate::toc::{ChunkRef, EntryKind, Frame};
+    use crate::testdata::file_entry;
+    use crate::toc::{ChunkRef, Frame};
     use crate::Digest;
 
     fn toc(clens: &[u64]) -> Toc {
@@ -162,26 +163,14 @@ mod tests {
     #[test]
     fn frames_for_directory() {
         let mut t = toc(&[10, 10, 10]);
-        let f = |path: &str, frame: u32| Entry {
-            path: path.into(),
-            header: 0,
-            kind: EntryKind::File,
-            mode: 0o644,
-            uid: 0,
-            gid: 0,
-            mtime: 0,
-            mtime_nsec: 0,
-            size: 1,
-            link: None,
-            devmajor: 0,
-            devminor: 0,
-            xattrs: Default::default(),
-            chunks: vec![ChunkRef {
+        let f = |path: &str, frame: u32| {
+            let chunk = ChunkRef {
                 file_offset: 0,
                 frame: FrameIdx(frame),
                 frame_offset: 0,
                 len: 1,
-            }],
+            };
+            file_entry(path, 1, vec![chunk])
         };
         t.entries = vec![
             f("top", 0),
@@ -197,22 +186,7 @@ mod tests {
 
     #[test]
     fn frames_for_file_range() {
-        let mut e = Entry {
-            path: "f".into(),
-            header: 0,
-            kind: EntryKind::File,
-            mode: 0o644,
-            uid: 0,
-            gid: 0,
-            mtime: 0,
-            mtime_nsec: 0,
-            size: 300,
-            link: None,
-            devmajor: 0,
-            devminor: 0,
-            xattrs: Default::default(),
-            chunks: vec![],
-        };
+        let mut e = file_entry("f", 300, vec![]);
         for i in 0..3u32 {
             e.chunks.push(ChunkRef {
                 file_offset: u64::from(i) * 100,

@@ -29,6 +29,7 @@ pub mod range;
 pub mod reader;
 pub mod tar;
 pub mod tarcheck;
+pub mod testdata;
 pub mod toc;
 mod validate;
 pub mod writer;

@@ -472,21 +472,8 @@ mod tests {
                 .collect(),
             entries: entries
                 .iter()
-                .map(|(p, k, l, fr)| Entry {
-                    path: p.to_string(),
-                    header: 0,
-                    kind: *k,
-                    mode: 0o644,
-                    uid: 0,
-                    gid: 0,
-                    mtime: 0,
-                    mtime_nsec: 0,
-                    size: 100 * fr.len() as u64,
-                    link: l.map(str::to_string),
-                    devmajor: 0,
-                    devminor: 0,
-                    xattrs: Default::default(),
-                    chunks: fr
+                .map(|(p, k, l, fr)| {
+                    let chunks = fr
                         .iter()
                         .enumerate()
                         .map(|(i, fr)| ChunkRef {
@@ -495,7 +482,12 @@ mod tests {
                             frame_offset: 0,
                             len: 100,
                         })
-                        .collect(),
+                        .collect();
+                    Entry {
+                        kind: *k,
+                        link: l.map(str::to_string),
+                        ..crate::testdata::file_entry(p, 100 * fr.len() as u64, chunks)
+                    }
                 })
                 .collect(),
         }

@@ -478,30 +478,16 @@ mod tests {
     use super::*;
 
     fn file(size: u64, chunks: &[(u64, u32, u64, u64)]) -> Entry {
-        Entry {
-            path: "f".into(),
-            header: 0,
-            kind: EntryKind::File,
-            mode: 0o644,
-            uid: 0,
-            gid: 0,
-            mtime: 0,
-            mtime_nsec: 0,
-            size,
-            link: None,
-            devmajor: 0,
-            devminor: 0,
-            xattrs: BTreeMap::new(),
-            chunks: chunks
-                .iter()
-                .map(|&(fo, fr, fro, len)| ChunkRef {
-                    file_offset: fo,
-                    frame: FrameIdx(fr),
-                    frame_offset: fro,
-                    len,
-                })
-                .collect(),
-        }
+        let chunks = chunks
+            .iter()
+            .map(|&(fo, fr, fro, len)| ChunkRef {
+                file_offset: fo,
+                frame: FrameIdx(fr),
+                frame_offset: fro,
+                len,
+            })
+            .collect();
+        crate::testdata::file_entry("f", size, chunks)
     }
 
     #[test]

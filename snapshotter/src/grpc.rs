@@ -497,17 +497,8 @@ mod tests {
 
     fn info(key: &str) -> crate::service::Info {
         crate::service::Info {
-            key: key.into(),
-            id: 1,
-            parent: String::new(),
-            kind: crate::store::Kind::Committed,
-            labels: Default::default(),
             created_nanos: 1_500_000_000_250_000_000,
-            updated_nanos: 0,
-            size: 0,
-            inodes: 0,
-            remote: None,
-            native: Vec::new(),
+            ..crate::service::Info::committed(key, "")
         }
     }
 

@@ -384,20 +384,8 @@ pub fn add_dir(b: &mut tar::Builder<Vec<u8>>, path: &str) -> Result<()> {
     add_special(b, path, tar::EntryType::Directory, None, (0, 0), 0o755)
 }
 
-/// Deterministic poorly compressible bytes.
-pub fn noise(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed
-        .wrapping_mul(6364136223846793005)
-        .wrapping_add(1442695040888963407);
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
+/// Deterministic poorly compressible bytes (one generator for every test: `weenv_format`).
+pub use weenv_format::testdata::noise;
 
 /// Adds every regular file under `src` as `prefix/<rel>` (sorted, directory order).
 pub fn add_tree(b: &mut tar::Builder<Vec<u8>>, src: &Path, prefix: &str) -> Result<usize> {

@@ -72,20 +72,8 @@ pub fn build_layer(tar: &[u8], frame_size: u64) -> (Digest, Toc, Vec<u8>) {
     (s.blob_digest, toc, blob)
 }
 
-/// Deterministic pseudo-random bytes (poorly compressible).
-pub fn noise(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed
-        .wrapping_mul(6364136223846793005)
-        .wrapping_add(1442695040888963407);
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
+/// Deterministic poorly compressible bytes (one generator for every test: `weenv_format`).
+pub use weenv_format::testdata::noise;
 
 /// In-memory blob with a request log and an optional gate.
 pub struct MemSource {

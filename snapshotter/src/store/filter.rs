@@ -198,24 +198,14 @@ impl Parser<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::Kind;
 
     fn rec(key: &str, parent: &str, labels: &[(&str, &str)]) -> SnapshotRecord {
         SnapshotRecord {
-            key: key.into(),
-            id: 1,
-            kind: Kind::Committed,
-            parent: parent.into(),
             labels: labels
                 .iter()
                 .map(|(a, b)| (a.to_string(), b.to_string()))
                 .collect(),
-            created_nanos: 0,
-            updated_nanos: 0,
-            size: 0,
-            inodes: 0,
-            remote: None,
-            native: Vec::new(),
+            ..SnapshotRecord::committed(key, parent)
         }
     }
 

@@ -68,6 +68,26 @@ pub struct SnapshotRecord {
     pub native: Vec<String>,
 }
 
+#[cfg(test)]
+impl SnapshotRecord {
+    /// Test fixture: committed snapshot `key` (id 1) on `parent`, every other field zero/empty.
+    pub(crate) fn committed(key: &str, parent: &str) -> SnapshotRecord {
+        SnapshotRecord {
+            key: key.into(),
+            id: 1,
+            kind: Kind::Committed,
+            parent: parent.into(),
+            labels: BTreeMap::new(),
+            created_nanos: 0,
+            updated_nanos: 0,
+            size: 0,
+            inodes: 0,
+            remote: None,
+            native: Vec::new(),
+        }
+    }
+}
+
 /// What we know about a layer blob.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", tag = "kind")]
