@@ -108,7 +108,6 @@ pub fn execute(io: &dyn CgroupIo, plan: &[CgroupWrite]) -> Result<(), (usize, Cg
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
     use proptest::prelude::*;

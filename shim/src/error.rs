@@ -115,7 +115,6 @@ impl From<ShimError> for ttrpc::Error {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

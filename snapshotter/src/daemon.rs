@@ -206,7 +206,6 @@ async fn shutdown_signal() {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

@@ -142,7 +142,6 @@ impl CgroupIo for V2 {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     #[test]
     fn psi_parses_some_avg10() {

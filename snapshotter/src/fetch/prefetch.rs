@@ -119,7 +119,6 @@ pub async fn run_prefetch(
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
     use crate::fetch::testutil::{six_file_store, MemSource};

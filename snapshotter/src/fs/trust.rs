@@ -555,7 +555,6 @@ fn header_check_cached(
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
     use crate::fetch::testutil::{noise, six_file_store, tar_of, MemSource, T};

@@ -51,7 +51,6 @@ pub fn claim_fits_target(parent_chain: Option<&str>, claim: &Digest, target: &st
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

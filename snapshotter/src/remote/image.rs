@@ -130,7 +130,6 @@ async fn fetch(registry: &Client, r: Reference) -> Result<ImageInfo, String> {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
