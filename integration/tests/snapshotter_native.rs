@@ -146,6 +146,23 @@ fn lowerdirs(id: &str) -> Result<Vec<String>> {
     Ok(lower.split(':').map(str::to_string).collect())
 }
 
+/// Starts a detached container `id` of `image` on the weenv snapshotter, sleeping 10 min.
+fn start_sleeper(ctd: &Containerd, ns: &str, image: &str, id: &str) -> Result<()> {
+    let args = [
+        "run",
+        "-d",
+        "--snapshotter",
+        "weenv",
+        image,
+        id,
+        "sleep",
+        "600",
+    ];
+    let o = ctd.ctr_ns(ns, &args)?;
+    ensure!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    Ok(())
+}
+
 fn exec(ctd: &Containerd, ns: &str, id: &str, exec_id: &str, cmd: &[&str]) -> Result<String> {
     let mut args = vec!["task", "exec", "--exec-id", exec_id, id];
     args.extend_from_slice(cmd);
@@ -202,20 +219,7 @@ async fn complete_layers_mount_native_trees() -> Result<()> {
     let ns = "native";
     let rep = daemon.pull(ctd.address(), ns, &weenv)?;
     ensure!(rep.contains("4 lazy, 0 applied"), "{rep}");
-    let o = ctd.ctr_ns(
-        ns,
-        &[
-            "run",
-            "-d",
-            "--snapshotter",
-            "weenv",
-            &weenv,
-            "early",
-            "sleep",
-            "600",
-        ],
-    )?;
-    ensure!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    start_sleeper(&ctd, ns, &weenv, "early")?;
     let early_lower = lowerdirs("early")?;
     let mnt = daemon.root.join("state/mnt");
     let native_root = daemon.root.join("state/cache/native");
@@ -243,20 +247,7 @@ async fn complete_layers_mount_native_trees() -> Result<()> {
     println!("all layers native after {:.1} s", t.elapsed().as_secs_f64());
 
     // A new container mounts the native trees.
-    let o = ctd.ctr_ns(
-        ns,
-        &[
-            "run",
-            "-d",
-            "--snapshotter",
-            "weenv",
-            &weenv,
-            "late",
-            "sleep",
-            "600",
-        ],
-    )?;
-    ensure!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    start_sleeper(&ctd, ns, &weenv, "late")?;
     let late_lower = lowerdirs("late")?;
     ensure!(
         late_lower.len() == 4
