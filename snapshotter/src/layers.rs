@@ -27,7 +27,7 @@
 use crate::cache::{CacheError, DiskCache, MemoryCache};
 use crate::fetch::fill::{run_fill, AfterFill};
 use crate::fetch::plan::PlanLimits;
-use crate::fetch::{run_prefetch, BlobSource, FillConfig, FillShared, FillState, FrameStore};
+use crate::fetch::{run_prefetch, FillConfig, FillShared, FillState, FrameStore, RangeSource};
 use crate::fs::layer::{Layer, ROOT_INO};
 use crate::fs::ops::{FsState, Layers};
 use crate::fs::passthrough::Passthrough;
@@ -290,7 +290,7 @@ impl LayerStore {
         &self,
         digest: &Digest,
         toc: Toc,
-        source: Arc<dyn BlobSource>,
+        source: Arc<dyn RangeSource>,
     ) -> Result<PathBuf, LayerError> {
         self.add_layer_claimed(digest, toc, source, None, None)
     }
@@ -303,7 +303,7 @@ impl LayerStore {
         &self,
         digest: &Digest,
         toc: Toc,
-        source: Arc<dyn BlobSource>,
+        source: Arc<dyn RangeSource>,
         claim: Option<Digest>,
         reload: Option<TocReload>,
     ) -> Result<PathBuf, LayerError> {

@@ -14,7 +14,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use weenv_format::writer::{write_layer, WriterOptions};
 use weenv_format::{Digest, Toc};
-use weenv_snapshotter::fetch::{BlobSource, CountingSource, FileBlobSource, FillConfig, FillState};
+use weenv_snapshotter::fetch::{
+    CountingSource, FileBlobSource, FillConfig, FillState, RangeSource,
+};
 use weenv_snapshotter::layers::{LayerStore, LayerStoreConfig};
 use weenv_snapshotter::metrics::Metrics;
 
@@ -99,7 +101,7 @@ impl TestLayer {
             .expect("in TOC")
     }
 
-    pub fn dyn_source(&self) -> Arc<dyn BlobSource> {
+    pub fn dyn_source(&self) -> Arc<dyn RangeSource> {
         self.source.clone()
     }
 }

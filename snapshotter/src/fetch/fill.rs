@@ -10,7 +10,7 @@
 //! already in L2 are skipped. Progress is published in [`FillProgress`].
 
 use super::frames::{FrameStore, Priority};
-use super::BlobSource;
+use super::RangeSource;
 use futures::StreamExt;
 use parking_lot::Mutex;
 use serde::Deserialize;
@@ -221,7 +221,7 @@ pub type AfterFill = Box<dyn FnOnce() + Send + 'static>;
 pub async fn run_fill(
     store: Arc<FrameStore>,
     toc: Arc<Toc>,
-    source: Arc<dyn BlobSource>,
+    source: Arc<dyn RangeSource>,
     cfg: FillConfig,
     progress: Arc<FillProgress>,
     shared: Arc<FillShared>,
@@ -356,7 +356,7 @@ mod tests {
         use crate::fetch::testutil::{six_file_store, MemSource};
         let (toc, blob, store, metrics, _dir) = six_file_store();
         let (src, gate) = MemSource::gated(blob);
-        let s: Arc<dyn BlobSource> = src.clone();
+        let s: Arc<dyn RangeSource> = src.clone();
         let on_demand = {
             let (store, toc, s) = (store.clone(), toc.clone(), s.clone());
             tokio::spawn(async move {

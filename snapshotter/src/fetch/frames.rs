@@ -18,7 +18,7 @@
 //! - on-demand and read-ahead fetches are counted so the background fill can yield to them.
 
 use super::plan::{plan_fetch, PlanLimits, RangeRequest};
-use super::{BlobSource, FetchError};
+use super::{FetchError, RangeSource};
 use crate::cache::{DiskCache, MemoryCache};
 use crate::metrics::Metrics;
 use bytes::Bytes;
@@ -342,7 +342,7 @@ impl FrameStore {
     pub async fn get_frames(
         &self,
         frames: &[Frame],
-        source: &Arc<dyn BlobSource>,
+        source: &Arc<dyn RangeSource>,
         idxs: &[FrameIdx],
         prio: Priority,
     ) -> Result<Vec<Bytes>, FetchError> {
@@ -394,7 +394,7 @@ impl FrameStore {
     async fn fetch_claimed<'a>(
         &'a self,
         frames: &[Frame],
-        source: &Arc<dyn BlobSource>,
+        source: &Arc<dyn RangeSource>,
         claims: Vec<(usize, FrameIdx, Claim<'a>)>,
         prio: Priority,
     ) -> Vec<(usize, Result<Bytes, FetchError>)> {
@@ -429,7 +429,7 @@ impl FrameStore {
     async fn run_request<'a>(
         &'a self,
         frames: &[Frame],
-        source: &Arc<dyn BlobSource>,
+        source: &Arc<dyn RangeSource>,
         req: RangeRequest,
         group: Vec<(FrameIdx, Vec<(usize, Claim<'a>)>)>,
         prio: Priority,
@@ -631,7 +631,7 @@ mod tests {
     async fn concurrent_misses_cause_one_fetch() {
         let (fx, blob) = fixture(None);
         let (src, gate) = MemSource::gated(blob);
-        let dyn_src: Arc<dyn BlobSource> = src.clone();
+        let dyn_src: Arc<dyn RangeSource> = src.clone();
         let frames = Arc::new(fx.toc.frames.clone());
         let mut tasks = Vec::new();
         for _ in 0..8 {
@@ -664,7 +664,7 @@ mod tests {
     async fn adjacent_misses_are_coalesced() {
         let (fx, blob) = fixture(None);
         let src = MemSource::new(blob);
-        let s: Arc<dyn BlobSource> = src.clone();
+        let s: Arc<dyn RangeSource> = src.clone();
         let n = fx.toc.frames.len() as u32;
         assert!(n >= 4, "fixture has {n} frames");
         let want: Vec<FrameIdx> = (0..n).map(FrameIdx).collect();
@@ -690,7 +690,7 @@ mod tests {
     async fn tampered_frame_is_never_served_or_cached_and_repair_works() {
         let (fx, blob) = fixture(None);
         let src = MemSource::new(blob.clone());
-        let s: Arc<dyn BlobSource> = src.clone();
+        let s: Arc<dyn RangeSource> = src.clone();
         let f1 = fx.toc.frames[1].clone();
         let at = (f1.offset + f1.clen / 2) as usize;
         src.data.lock()[at] ^= 0x55;
@@ -728,7 +728,7 @@ mod tests {
         let (fx, blob) = fixture(None);
         let good = blob.clone();
         let src = CorruptFirst::new(MemSource::new(blob), 1);
-        let s: Arc<dyn BlobSource> = src.clone();
+        let s: Arc<dyn RangeSource> = src.clone();
         let f1 = fx.toc.frames[1].clone();
         let got = fx
             .store
@@ -751,7 +751,7 @@ mod tests {
         // Bad twice: EIO (a Verify error), nothing cached, exactly one refetch.
         let (fx, blob) = fixture(None);
         let src = CorruptFirst::new(MemSource::new(blob), 2);
-        let s: Arc<dyn BlobSource> = src.clone();
+        let s: Arc<dyn RangeSource> = src.clone();
         let err = fx
             .store
             .get_frames(&fx.toc.frames, &s, &[FrameIdx(1)], Priority::OnDemand)
@@ -775,7 +775,7 @@ mod tests {
     #[tokio::test]
     async fn disk_cache_survives_a_new_store_and_fill_skips_l1() {
         let (fx, blob) = fixture(None);
-        let s: Arc<dyn BlobSource> = MemSource::new(blob.clone());
+        let s: Arc<dyn RangeSource> = MemSource::new(blob.clone());
         fx.store
             .get_frames(&fx.toc.frames, &s, &[FrameIdx(2)], Priority::Fill)
             .await
@@ -787,7 +787,7 @@ mod tests {
         let Fixture { _dir, .. } = fx;
         let (fx2, _) = fixture(Some(_dir));
         let src2 = MemSource::new(blob);
-        let s2: Arc<dyn BlobSource> = src2.clone();
+        let s2: Arc<dyn RangeSource> = src2.clone();
         fx2.store
             .get_frames(&fx2.toc.frames, &s2, &[FrameIdx(2)], Priority::OnDemand)
             .await
@@ -800,7 +800,7 @@ mod tests {
     async fn source_errors_fail_the_read_and_are_retried() {
         let (fx, blob) = fixture(None);
         let src = MemSource::new(Vec::new()); // every range is past the end
-        let s: Arc<dyn BlobSource> = src.clone();
+        let s: Arc<dyn RangeSource> = src.clone();
         let both = [FrameIdx(0), FrameIdx(1)];
         let get = || {
             fx.store
@@ -832,7 +832,7 @@ mod tests {
             .unwrap();
         // the corrupt byte sits in the middle of the one coalesced request, twice
         let src = CorruptFirst::new(MemSource::new(blob), 2);
-        let s: Arc<dyn BlobSource> = src.clone();
+        let s: Arc<dyn RangeSource> = src.clone();
         let want: Vec<FrameIdx> = (0..n as u32).map(FrameIdx).collect();
         let err = fx
             .store

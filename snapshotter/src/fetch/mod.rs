@@ -1,7 +1,7 @@
 //! Getting verified frames: blob sources, coalescing, single flight, read-ahead, fill.
 //!
-//! - [`source`]: [`BlobSource`], the fetch path's name for `weenv_registry::RangeSource`
-//!   (the network sits behind it; its provided `read` owns the one retry budget per read:
+//! - [`source`]: implementations of `weenv_registry::RangeSource` (re-exported here;
+//!   the network sits behind it; its provided `read` owns the one retry budget per read:
 //!   `registry/src/source.rs`), and [`FileBlobSource`] (local file, tests/benches);
 //!   registry blobs are `weenv_registry::RegistryRangeSource`.
 //! - [`plan`]: pure coalescing of frame misses into range requests.
@@ -20,7 +20,8 @@ pub(crate) mod testutil;
 pub use fill::{FillConfig, FillProgress, FillShared, FillState};
 pub use frames::{FrameStore, Priority};
 pub use prefetch::{run_prefetch, PrefetchProgress};
-pub use source::{BlobSource, CountingSource, FileBlobSource};
+pub use source::{CountingSource, FileBlobSource};
+pub use weenv_registry::RangeSource;
 
 use std::sync::Arc;
 use thiserror::Error;

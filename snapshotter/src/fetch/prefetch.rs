@@ -11,7 +11,7 @@
 
 use super::fill::batches;
 use super::frames::{FrameStore, Priority};
-use super::BlobSource;
+use super::RangeSource;
 use futures::StreamExt;
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -60,7 +60,7 @@ pub fn prefetch_work(
 pub async fn run_prefetch(
     store: Arc<FrameStore>,
     toc: Arc<Toc>,
-    source: Arc<dyn BlobSource>,
+    source: Arc<dyn RangeSource>,
     wanted: Vec<FrameIdx>,
     batch_bytes: u64,
     concurrency: usize,
@@ -149,7 +149,7 @@ mod tests {
         let (toc, blob, store, metrics, _dir) = six_file_store();
         let (src, gate) = MemSource::gated(blob);
         gate.add_permits(1000);
-        let s: Arc<dyn BlobSource> = src.clone();
+        let s: Arc<dyn RangeSource> = src.clone();
         let want = vec![FrameIdx(1), FrameIdx(2)];
         let progress = Arc::new(PrefetchProgress::default());
         run_prefetch(

@@ -1,5 +1,5 @@
 //! Blob sources: random read access to one layer blob through [`weenv_registry::RangeSource`]
-//! (named [`BlobSource`] in the fetch path): the network sits behind it, and its provided
+//! (named [`RangeSource`] in the fetch path): the network sits behind it, and its provided
 //! `read` owns the one retry budget per read. Here: [`FileBlobSource`] (a local file: tests,
 //! benches) and [`CountingSource`] (records every attempt). Registry blobs are
 //! [`weenv_registry::RegistryRangeSource`].
@@ -12,9 +12,6 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use weenv_registry::{Attempt, ByteRange, ErrorKind, RangeSource, RetryPolicy, SourceError};
-
-/// The fetch path's name for [`RangeSource`]: random read access to one immutable layer blob.
-pub use weenv_registry::RangeSource as BlobSource;
 
 /// A layer blob in a local file. Read errors are terminal (a local file does not heal).
 #[derive(Debug)]

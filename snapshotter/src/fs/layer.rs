@@ -6,7 +6,7 @@
 //! stable while the daemon runs and never reused for another digest.
 
 use super::inode::{LayerTable, TableError};
-use crate::fetch::{BlobSource, FillProgress, PrefetchProgress};
+use crate::fetch::{FillProgress, PrefetchProgress, RangeSource};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use weenv_format::{ChunkRef, Digest, Entry, FrameIdx, Toc};
@@ -72,7 +72,7 @@ pub struct Layer {
     pub entries: usize,
     /// Sum of the sizes of the TOC's regular files.
     pub file_bytes: u64,
-    pub source: Arc<dyn BlobSource>,
+    pub source: Arc<dyn RangeSource>,
     pub fill: Arc<FillProgress>,
     /// Per node: read-ahead (files) or directory prefetch (dirs) already issued.
     touched: Box<[AtomicBool]>,
@@ -100,7 +100,7 @@ impl Layer {
         digest: Digest,
         slot: u32,
         mut toc: Toc,
-        source: Arc<dyn BlobSource>,
+        source: Arc<dyn RangeSource>,
     ) -> Result<Self, TableError> {
         let table = LayerTable::build(&toc)?;
         let entries = toc.entries.len();
@@ -292,7 +292,7 @@ mod tests {
             ]),
             4096,
         );
-        let src: Arc<dyn BlobSource> = MemSource::gated(blob).0;
+        let src: Arc<dyn RangeSource> = MemSource::gated(blob).0;
         let l = Layer::new(Digest::sha256(b"l"), 0, toc, src).unwrap();
         let a = l.table.resolve("usr/a").unwrap();
         let b = l.table.resolve("b").unwrap();

@@ -23,7 +23,7 @@
 use super::inode::{Node, NodeKind};
 use super::layer::Layer;
 use super::ops::FsState;
-use crate::fetch::{BlobSource, FetchError, FrameStore, Priority};
+use crate::fetch::{FetchError, FrameStore, Priority, RangeSource};
 use crate::metrics::Metrics;
 use fuser::Errno;
 use parking_lot::{Mutex, RwLock};
@@ -230,7 +230,7 @@ pub fn completion_verdict(
 pub async fn walk_stream(
     store: &FrameStore,
     toc: &Toc,
-    source: &Arc<dyn BlobSource>,
+    source: &Arc<dyn RangeSource>,
 ) -> Result<Result<StreamReport, FormatError>, FetchError> {
     let mut checker = StreamChecker::new(toc);
     for i in 0..toc.frames.len() as u32 {
@@ -253,7 +253,7 @@ pub async fn walk_stream(
 pub async fn check_complete(
     store: &FrameStore,
     toc: &Toc,
-    source: &Arc<dyn BlobSource>,
+    source: &Arc<dyn RangeSource>,
     digest: &Digest,
     trust: &LayerTrust,
     metrics: &Metrics,
@@ -581,7 +581,7 @@ mod tests {
             ]),
             4096,
         );
-        let src: Arc<dyn BlobSource> = MemSource::new(blob);
+        let src: Arc<dyn RangeSource> = MemSource::new(blob);
         let l = Layer::new(Digest::sha256(b"l"), 0, toc, src).unwrap();
         let big = l.table.resolve("big").unwrap();
         let c0 = l.table.node(big).unwrap().chunks()[0].clone();
@@ -674,7 +674,7 @@ mod tests {
             (0..6).map(|i| (format!("f{i}"), noise(i, 3000))).collect();
         let entries: Vec<T<'_>> = files.iter().map(|(p, d)| T::File(p, d.clone())).collect();
         let diff_id = Digest::sha256(&tar_of(&entries));
-        let src: Arc<dyn BlobSource> = MemSource::new(blob);
+        let src: Arc<dyn RangeSource> = MemSource::new(blob);
         let layer = Digest::sha256(b"layer");
         let hook = Arc::new(QuarantineHook::new(metrics.clone()));
         let persisted = Arc::new(Mutex::new(Vec::new()));
