@@ -125,6 +125,10 @@ pub struct RunArgs {
     /// Re-resolve every group tag now.
     #[arg(long)]
     pub refresh: bool,
+    /// Print the time of each step (resolve, compose, publish, pull, prepare, mutate, create,
+    /// start, exit, cleanup).
+    #[arg(short = 'v', long)]
+    pub timings: bool,
     /// Command (default: the image's).
     #[arg(last = true)]
     pub cmd: Vec<String>,
@@ -233,6 +237,7 @@ pub async fn run(cli: Cli) -> Result<()> {
                 mounts: a.mounts,
                 cmd: a.cmd,
                 keep: a.keep,
+                stdio: crate::run::stdio::StdioMode::Inherit,
                 cache_dir: a
                     .cache_dir
                     .unwrap_or_else(weenv_converter::resolve_cache::default_cache_dir),
@@ -251,6 +256,9 @@ pub async fn run(cli: Cli) -> Result<()> {
                 rep.mutation_apply_ms,
                 rep.exit_code
             );
+            if a.timings {
+                eprintln!("weenv run: steps: {}", rep.timings.render());
+            }
             if rep.exit_code != 0 {
                 bail!("task exited with status {}", rep.exit_code);
             }

@@ -75,7 +75,7 @@ pub enum PullError {
 /// longest reconnect backoff seen from containerd 1.6 towards a restarted proxy plugin.
 const PREPARE_UNAVAILABLE_RETRIES: u32 = 40;
 
-fn ctd(op: &'static str) -> impl FnOnce(tonic::Status) -> PullError {
+pub(crate) fn ctd(op: &'static str) -> impl FnOnce(tonic::Status) -> PullError {
     move |status| PullError::Containerd { op, status }
 }
 
@@ -121,15 +121,86 @@ pub struct PullReport {
     pub seconds: f64,
 }
 
-/// containerd clients bound to one namespace and lease.
-struct Ctd {
-    ch: Channel,
-    ns: String,
-    lease: Option<String>,
+/// containerd clients bound to one namespace and lease (shared with [`crate::run`]).
+pub(crate) struct Ctd {
+    pub(crate) ch: Channel,
+    pub(crate) ns: String,
+    pub(crate) lease: Option<String>,
 }
 
 impl Ctd {
-    fn req<T>(&self, m: T) -> Request<T> {
+    pub(crate) fn new(ch: Channel, ns: &str) -> Ctd {
+        Ctd {
+            ch,
+            ns: ns.to_string(),
+            lease: None,
+        }
+    }
+
+    /// Create lease `id` (expiring after an hour, in case this process dies before
+    /// [`Ctd::end_lease`]); the calls that follow carry it.
+    pub(crate) async fn begin_lease(&mut self, id: String) -> Result<(), PullError> {
+        let expire = chrono::Utc::now() + chrono::Duration::hours(1);
+        LeasesClient::new(self.ch.clone())
+            .create(self.req(LeaseCreate {
+                id: id.clone(),
+                labels: [("containerd.io/gc.expire".to_string(), expire.to_rfc3339())].into(),
+            }))
+            .await
+            .map_err(ctd("lease create"))?;
+        self.lease = Some(id);
+        Ok(())
+    }
+
+    /// Delete the lease (what it protected must be referenced otherwise by now).
+    pub(crate) async fn end_lease(&mut self) -> Result<(), PullError> {
+        let Some(id) = self.lease.take() else {
+            return Ok(());
+        };
+        LeasesClient::new(self.ch.clone())
+            .delete(self.req(LeaseDelete { id, sync: false }))
+            .await
+            .map_err(ctd("lease delete"))?;
+        Ok(())
+    }
+
+    /// `Snapshots.Prepare`, retried while containerd answers `Unavailable`: containerd dials a
+    /// proxy snapshotter lazily and backs off after a failed dial (the daemon started after
+    /// containerd, or restarted): such a call fails before it reaches the snapshotter, and a
+    /// retry a moment later goes through.
+    pub(crate) async fn prepare(
+        &self,
+        snapshotter: &str,
+        key: &str,
+        parent: &str,
+        labels: HashMap<String, String>,
+    ) -> Result<Vec<containerd_client::types::Mount>, tonic::Status> {
+        let snaps = SnapshotsClient::new(self.ch.clone());
+        let mut attempt = 0u32;
+        loop {
+            let res = snaps
+                .clone()
+                .prepare(self.req(PrepareSnapshotRequest {
+                    snapshotter: snapshotter.to_string(),
+                    key: key.to_string(),
+                    parent: parent.to_string(),
+                    labels: labels.clone(),
+                }))
+                .await;
+            match res {
+                Err(s)
+                    if s.code() == Code::Unavailable && attempt < PREPARE_UNAVAILABLE_RETRIES =>
+                {
+                    attempt += 1;
+                    debug!(attempt, error = %s.message(), "snapshotter unavailable through containerd; retrying");
+                    tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+                }
+                other => return other.map(|r| r.into_inner().mounts),
+            }
+        }
+    }
+
+    pub(crate) fn req<T>(&self, m: T) -> Request<T> {
         let mut r = Request::new(m);
         let md = r.metadata_mut();
         if let Ok(v) = self.ns.parse() {
@@ -288,31 +359,12 @@ pub async fn pull(
 ) -> Result<PullReport, PullError> {
     let started = Instant::now();
     let r: Reference = reference.parse()?;
-    let mut c = Ctd {
-        ch: channel,
-        ns: opts.namespace.clone(),
-        lease: None,
-    };
-    let lease_id = format!("weenv-pull-{}", unique());
-    let expire = chrono::Utc::now() + chrono::Duration::hours(1);
-    LeasesClient::new(c.ch.clone())
-        .create(c.req(LeaseCreate {
-            id: lease_id.clone(),
-            labels: [("containerd.io/gc.expire".to_string(), expire.to_rfc3339())].into(),
-        }))
-        .await
-        .map_err(ctd("lease create"))?;
-    c.lease = Some(lease_id.clone());
+    let mut c = Ctd::new(channel, &opts.namespace);
+    c.begin_lease(format!("weenv-pull-{}", unique())).await?;
     let res = pull_leased(registry, &c, &r, opts).await;
-    c.lease = None;
-    let del = LeasesClient::new(c.ch.clone())
-        .delete(c.req(LeaseDelete {
-            id: lease_id,
-            sync: false,
-        }))
-        .await;
+    let del = c.end_lease().await;
     let mut report = res?;
-    del.map_err(ctd("lease delete"))?;
+    del?;
     report.seconds = started.elapsed().as_secs_f64();
     Ok(report)
 }
@@ -409,39 +461,13 @@ async fn pull_leased(
             mblob.digest.as_str(),
             &layer_digests,
         );
-        // containerd dials a proxy snapshotter lazily and backs off after a failed dial (the
-        // daemon started after containerd, or restarted): such a call fails `Unavailable` before
-        // it reaches the snapshotter, and a retry a moment later goes through.
-        let mut attempt = 0u32;
-        let prep = loop {
-            let res = snaps
-                .clone()
-                .prepare(c.req(PrepareSnapshotRequest {
-                    snapshotter: opts.snapshotter.clone(),
-                    key: key.clone(),
-                    parent: parent.clone(),
-                    labels: labels.clone(),
-                }))
-                .await;
-            match res {
-                Err(s)
-                    if s.code() == Code::Unavailable && attempt < PREPARE_UNAVAILABLE_RETRIES =>
-                {
-                    attempt += 1;
-                    debug!(attempt, error = %s.message(), "snapshotter unavailable through containerd; retrying");
-                    tokio::time::sleep(std::time::Duration::from_millis(250)).await;
-                }
-                other => break other,
-            }
-        };
-        match prep {
+        match c.prepare(&opts.snapshotter, &key, &parent, labels).await {
             Err(s) if s.code() == Code::AlreadyExists => {
                 debug!(layer = %layer.digest, chain, "remote snapshot");
                 report.remote_layers += 1;
             }
             Err(s) => return Err(ctd("snapshot prepare")(s)),
-            Ok(resp) => {
-                let mounts = resp.into_inner().mounts;
+            Ok(mounts) => {
                 let applied = apply_layer(registry, c, r, layer, mounts)
                     .await
                     .and_then(|actual| check_diff_id(layer.digest.as_str(), &diff_ids[i], actual));

@@ -222,6 +222,7 @@ fn opts(
         )],
         cmd: vec!["/bin/sh".into(), "-c".into(), LIST.into()],
         keep: false,
+        stdio: weenv_cli::run::stdio::StdioMode::Output,
         cache_dir: e.tmp.path().join("cache"),
         policy: ResolvePolicy::default(),
     }
@@ -309,6 +310,84 @@ async fn scenario(lazy: bool) -> Result<()> {
     ensure!(
         std::fs::read_to_string(out_cli.join("tree"))? == tree_init,
         "CLI run differs"
+    );
+
+    // the task's output and exit code come back through `weenv run` (FIFOs, Tasks.Wait), and
+    // nothing is left behind after the run
+    let o = std::process::Command::new(weenv_integration::util::workspace_bin("weenv")?)
+        .arg("--config")
+        .arg(&defaults)
+        .arg("run")
+        .arg(e.tmp.path().join("init.toml"))
+        .args([
+            "--image",
+            &format!("{}/weenv/env:cli", e.host),
+            "--plain-http",
+            "--timings",
+        ])
+        .arg("--address")
+        .arg(e.ctd.address())
+        .args([
+            "--namespace",
+            e.ctd.namespace(),
+            "--snapshotter",
+            snap,
+            "--id",
+            "mut-exit",
+        ])
+        .arg("--cache-dir")
+        .arg(e.tmp.path().join("cache"))
+        .args([
+            "--",
+            "/bin/sh",
+            "-c",
+            "grep return /src/repo/app.py; echo to-stderr >&2; read x || echo stdin-closed; exit 3",
+        ])
+        .output()?;
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr),
+    );
+    ensure!(!o.status.success(), "exit 3 must fail weenv run: {stderr}");
+    ensure!(
+        stdout.contains("return 41") && stdout.contains("stdin-closed"),
+        "stdout: {stdout}\nstderr: {stderr}"
+    );
+    ensure!(
+        stderr.contains("to-stderr") && stderr.contains("task exited with status 3"),
+        "{stderr}"
+    );
+    for step in [
+        "resolve", "pull", "prepare", "mutate", "create", "start", "exit",
+    ] {
+        ensure!(
+            stderr.contains(&format!("{step} ")),
+            "no {step} timing: {stderr}"
+        );
+    }
+    let containers = e.ctd.ctr_ok(&["containers", "ls", "-q"])?;
+    ensure!(
+        !containers.contains("mut-exit"),
+        "container left: {containers}"
+    );
+    let snaps = e.ctd.ctr_ok(&["snapshots", "--snapshotter", snap, "ls"])?;
+    ensure!(!snaps.contains("mut-exit"), "snapshot left: {snaps}");
+    // the same through the library: the exit code in the report
+    let mut o3 = opts(
+        &e,
+        e.tmp.path().join("init.toml"),
+        &format!("{}/weenv/env:init", e.host),
+        "mut-exit-lib",
+        snap,
+        &out_init,
+    );
+    o3.cmd = vec!["/bin/sh".into(), "-c".into(), "exit 7".into()];
+    let rep = run_plan(&e.client, &o3).await?;
+    ensure!(rep.exit_code == 7, "exit {}", rep.exit_code);
+    ensure!(
+        rep.timings.get(weenv_cli::run::Step::Start).is_some(),
+        "{:?}",
+        rep.timings
     );
 
     // at init from a blob in the image's repository (`weenv-convert plan push-patch`)

@@ -1,0 +1,576 @@
+//! `weenv run PLAN --image REF [-- cmd...]`: compose an environment plan, publish the composed
+//! image (metadata only), pull it lazily through containerd ([`crate::pull`]), prepare the
+//! container's rootfs snapshot, apply the plan's at-init mutation into it, create the container
+//! and its task and start it — all through containerd's gRPC API, no `ctr`, `mount` or
+//! `umount` process.
+//!
+//! Steps (each timed, [`Timings`]): resolve the plan's groups, compose, publish, pull; then
+//! [`create`] (prepare the snapshot, mount it with `nix` to read the image's users and apply
+//! the mutation, build the runtime spec from the image config, create the container and the
+//! task) and [`Task::start`] / [`Task::wait`] / [`Task::remove`]. A mutation that fails
+//! (rejected hunk, missing file, failed checkout) removes the snapshot again and returns the
+//! error: no container is created and no task is ever started on an unpatched rootfs.
+
+pub mod container;
+pub mod rootfs;
+pub mod spec;
+pub mod stdio;
+
+use crate::pull::{pull, PullError, PullOptions};
+use container::{ContainerRecord, Lifecycle, DEFAULT_RUNTIME};
+use oci_spec::image::ImageConfiguration;
+use rootfs::{MountedRootfs, RootfsError};
+use spec::{
+    build_spec, container_labels, parse_mount_spec, spec_any, SpecError, SpecInput, UserDb,
+};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime};
+use stdio::{StdioMode, TaskIo};
+use thiserror::Error;
+use weenv_converter::mutate::{apply_mutation_to_dir, MutateError};
+use weenv_converter::plan::{parse_ref, publish_composed, resolve_groups, PlanCmdError};
+use weenv_converter::resolve_cache::{unix_secs, ResolveCache, ResolvePolicy};
+use weenv_env::plan::{compose, Mutation, Plan, PlanError};
+use weenv_registry::Client;
+
+/// Errors of `weenv run`.
+#[derive(Debug, Error)]
+pub enum RunError {
+    #[error("reading {path}: {error}")]
+    Read {
+        path: PathBuf,
+        error: std::io::Error,
+    },
+    #[error("plan {path}: {error}")]
+    Plan {
+        path: PathBuf,
+        error: Box<PlanError>,
+    },
+    #[error(transparent)]
+    Compose(Box<PlanCmdError>),
+    #[error("pulling {image}: {message}")]
+    Pull { image: String, message: String },
+    #[error("composed image config: {0}")]
+    Config(String),
+    #[error(transparent)]
+    Containerd(Box<PullError>),
+    #[error(transparent)]
+    Spec(#[from] SpecError),
+    #[error("container rootfs: {0}")]
+    Rootfs(#[from] RootfsError),
+    #[error("task stdio: {0}")]
+    Stdio(std::io::Error),
+    #[error("fetching the patch blob {digest}: {message}")]
+    PatchBlob { digest: String, message: String },
+    #[error("mutation failed, container {id} not created (its snapshot removed), nothing started: {error}")]
+    Mutation { id: String, error: Box<MutateError> },
+}
+
+impl From<PlanCmdError> for RunError {
+    fn from(e: PlanCmdError) -> Self {
+        RunError::Compose(Box::new(e))
+    }
+}
+
+impl From<PullError> for RunError {
+    fn from(e: PullError) -> Self {
+        RunError::Containerd(Box::new(e))
+    }
+}
+
+/// Options of `weenv run`.
+#[derive(Clone, Debug)]
+pub struct RunOptions {
+    pub plan: PathBuf,
+    /// Reference the composed image is published to (same registry as the groups).
+    pub image: String,
+    pub address: PathBuf,
+    pub namespace: String,
+    pub snapshotter: String,
+    /// containerd runtime (e.g. `io.containerd.weenv.v1`); default containerd's
+    /// ([`DEFAULT_RUNTIME`]).
+    pub runtime: Option<String>,
+    /// Container id (default `weenv-run-<pid>`).
+    pub id: Option<String>,
+    /// Extra mounts, ctr-style specs (`type=bind,src=/a,dst=/b,options=rbind:rw`).
+    pub mounts: Vec<String>,
+    /// Command (default: the image's entrypoint/cmd).
+    pub cmd: Vec<String>,
+    /// Keep the container (and its stopped task) after the task exits.
+    pub keep: bool,
+    /// Where the task's stdio goes; [`StdioMode::Inherit`] also forwards SIGINT/SIGTERM to
+    /// the task (like `ctr run`).
+    pub stdio: StdioMode,
+    pub cache_dir: PathBuf,
+    pub policy: ResolvePolicy,
+}
+
+/// The steps of `weenv run`, in order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// The plan's group references to manifests (resolution cache, registry on a miss).
+    Resolve,
+    /// Concatenating the groups into one config and manifest (pure).
+    Compose,
+    /// Publishing the composed manifest and config to the registry.
+    Publish,
+    /// Pulling the composed image through containerd (lazy layers).
+    Pull,
+    /// The container's rootfs snapshot (and reading the image's users from it).
+    Prepare,
+    /// The at-init mutation: mount, read users, apply, unmount.
+    Mutate,
+    /// Container record and task (shim, `runc create`).
+    Create,
+    /// `Tasks.Start`.
+    Start,
+    /// From start until the task exited.
+    Exit,
+    /// Deleting task, container and snapshot.
+    Cleanup,
+}
+
+impl Step {
+    pub fn name(self) -> &'static str {
+        match self {
+            Step::Resolve => "resolve",
+            Step::Compose => "compose",
+            Step::Publish => "publish",
+            Step::Pull => "pull",
+            Step::Prepare => "prepare",
+            Step::Mutate => "mutate",
+            Step::Create => "create",
+            Step::Start => "start",
+            Step::Exit => "exit",
+            Step::Cleanup => "cleanup",
+        }
+    }
+}
+
+/// Wall time per step, in the order recorded.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Timings {
+    pub steps: Vec<(Step, Duration)>,
+}
+
+impl Timings {
+    pub fn record(&mut self, step: Step, d: Duration) {
+        self.steps.push((step, d));
+    }
+
+    /// Time of `step` (summed if recorded more than once).
+    pub fn get(&self, step: Step) -> Option<Duration> {
+        let v: Vec<Duration> = self
+            .steps
+            .iter()
+            .filter(|(s, _)| *s == step)
+            .map(|(_, d)| *d)
+            .collect();
+        (!v.is_empty()).then(|| v.iter().sum())
+    }
+
+    fn ms(&self, steps: &[Step]) -> f64 {
+        steps
+            .iter()
+            .filter_map(|s| self.get(*s))
+            .map(|d| d.as_secs_f64() * 1e3)
+            .sum()
+    }
+
+    /// `resolve 1.2 ms, compose 0.1 ms, ...`.
+    pub fn render(&self) -> String {
+        self.steps
+            .iter()
+            .map(|(s, d)| format!("{} {:.1} ms", s.name(), d.as_secs_f64() * 1e3))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+/// Timings and outcome of a run.
+#[derive(Clone, Debug, Default)]
+pub struct RunReport {
+    pub manifest_digest: String,
+    /// Resolve + compose + publish.
+    pub compose_ms: f64,
+    pub pull_ms: f64,
+    /// Whole at-init mutation step (mount, apply, unmount).
+    pub mutation_ms: f64,
+    /// The patch/checkout application alone.
+    pub mutation_apply_ms: f64,
+    pub exit_code: i32,
+    pub timings: Timings,
+}
+
+/// The patch bytes of an at-init mutation: a file relative to the plan, or a blob.
+async fn patch_bytes(
+    client: &Client,
+    m: &Mutation,
+    plan_dir: &Path,
+    image: &str,
+) -> Result<Option<Vec<u8>>, RunError> {
+    if let Some(p) = &m.patch {
+        let path = plan_dir.join(p);
+        return std::fs::read(&path)
+            .map(Some)
+            .map_err(|source| RunError::Read {
+                path,
+                error: source,
+            });
+    }
+    if let Some(d) = &m.blob {
+        let r = parse_ref(image)?;
+        return client
+            .get_blob(&r, d)
+            .await
+            .map(|b| Some(b.to_vec()))
+            .map_err(|e| RunError::PatchBlob {
+                digest: d.to_string(),
+                message: e.to_string(),
+            });
+    }
+    Ok(None)
+}
+
+/// What [`create`] creates: one container of a pulled image.
+#[derive(Clone, Debug)]
+pub struct ContainerRun<'a> {
+    pub id: &'a str,
+    /// containerd image record name.
+    pub image: &'a str,
+    pub config: &'a ImageConfiguration,
+    /// The image's top chain id (the snapshot parent).
+    pub parent: &'a str,
+    pub namespace: &'a str,
+    pub snapshotter: &'a str,
+    pub runtime: &'a str,
+    /// Replaces the image's entrypoint + cmd when not empty.
+    pub cmd: &'a [String],
+    /// ctr-style mount specs.
+    pub mounts: &'a [String],
+    /// At-init mutation and its patch bytes.
+    pub mutation: Option<(&'a Mutation, Option<&'a [u8]>)>,
+    pub stdio: StdioMode,
+}
+
+/// A created task (container record, snapshot, stdio).
+pub struct Task {
+    lc: Lifecycle,
+    id: String,
+    snapshotter: String,
+    io: Option<TaskIo>,
+    /// Time the mutation's application took (the patch alone).
+    pub mutation_apply: Option<Duration>,
+    started: Option<Instant>,
+}
+
+/// Read `/etc/passwd` and `/etc/group` of a mounted rootfs, resolved inside it.
+fn read_users(root: &Path) -> UserDb {
+    let read = |rel: &str| -> String {
+        use nix::fcntl::{openat2, OFlag, OpenHow, ResolveFlag};
+        let how = OpenHow::new()
+            .flags(OFlag::O_RDONLY | OFlag::O_CLOEXEC)
+            .resolve(ResolveFlag::RESOLVE_IN_ROOT | ResolveFlag::RESOLVE_NO_MAGICLINKS);
+        let Ok(dir) = std::fs::File::open(root) else {
+            return String::new();
+        };
+        match openat2(&dir, rel, how) {
+            Ok(fd) => std::io::read_to_string(std::fs::File::from(fd)).unwrap_or_default(),
+            Err(_) => String::new(),
+        }
+    };
+    UserDb::parse(&read("etc/passwd"), &read("etc/group"))
+}
+
+/// Prepare the rootfs snapshot, read the image's users and apply the mutation in it, create
+/// the container record and the task. On error everything created is removed again.
+pub async fn create(
+    ch: tonic::transport::Channel,
+    r: &ContainerRun<'_>,
+    timings: &mut Timings,
+) -> Result<Task, RunError> {
+    let mut lc = Lifecycle::new(ch, r.namespace);
+    let t = Instant::now();
+    lc.begin_lease(format!("weenv-run-{}", r.id)).await?;
+    let res = create_leased(&lc, r, timings, t).await;
+    let ended = lc.end_lease().await;
+    let (io, mutation_apply) = res?;
+    if let Err(e) = ended {
+        tracing::warn!(error = %e, "could not delete the run lease (it expires in an hour)");
+    }
+    Ok(Task {
+        lc,
+        id: r.id.to_string(),
+        snapshotter: r.snapshotter.to_string(),
+        io: Some(io),
+        mutation_apply,
+        started: None,
+    })
+}
+
+async fn create_leased(
+    lc: &Lifecycle,
+    r: &ContainerRun<'_>,
+    timings: &mut Timings,
+    t: Instant,
+) -> Result<(TaskIo, Option<Duration>), RunError> {
+    let mounts = lc.prepare_snapshot(r.snapshotter, r.id, r.parent).await?;
+    let remove_snapshot = || async {
+        if let Err(e) = lc.remove_snapshot(r.snapshotter, r.id).await {
+            tracing::warn!(error = %e, id = r.id, "could not remove the container snapshot");
+        }
+    };
+    // The rootfs is mounted once: read-write with a mutation, else read-only (users only).
+    let mutate_t = Instant::now();
+    if r.mutation.is_none() {
+        timings.record(Step::Prepare, t.elapsed());
+    }
+    let mounted = (|| -> Result<(UserDb, Option<Duration>), RunError> {
+        let root = MountedRootfs::mount(&mounts, r.mutation.is_none())?;
+        let users = read_users(root.path());
+        let mut apply = None;
+        if let Some((m, patch)) = r.mutation {
+            let a = Instant::now();
+            let res = apply_mutation_to_dir(root.path(), m, patch);
+            apply = Some(a.elapsed());
+            if let Err(error) = res {
+                return Err(RunError::Mutation {
+                    id: r.id.to_string(),
+                    error: Box::new(error),
+                });
+            }
+        }
+        root.unmount()?;
+        Ok((users, apply))
+    })();
+    let (users, apply) = match mounted {
+        Ok(v) => v,
+        Err(e) => {
+            remove_snapshot().await;
+            return Err(e);
+        }
+    };
+    if r.mutation.is_some() {
+        timings.record(Step::Prepare, mutate_t.duration_since(t));
+        timings.record(Step::Mutate, mutate_t.elapsed());
+    }
+
+    let t = Instant::now();
+    let built = (|| -> Result<ContainerRecord, RunError> {
+        let extra = r
+            .mounts
+            .iter()
+            .map(|m| parse_mount_spec(m))
+            .collect::<Result<Vec<_>, _>>()?;
+        let spec = build_spec(
+            r.config,
+            &SpecInput {
+                namespace: r.namespace,
+                id: r.id,
+                cmd: r.cmd,
+                mounts: extra,
+                users,
+            },
+        )?;
+        Ok(ContainerRecord {
+            id: r.id.to_string(),
+            image: r.image.to_string(),
+            snapshotter: r.snapshotter.to_string(),
+            runtime: r.runtime.to_string(),
+            labels: container_labels(r.config),
+            spec: spec_any(&spec)?,
+        })
+    })();
+    let record = match built {
+        Ok(rec) => rec,
+        Err(e) => {
+            remove_snapshot().await;
+            return Err(e);
+        }
+    };
+    if let Err(e) = lc.create_container(&record).await {
+        remove_snapshot().await;
+        return Err(e.into());
+    }
+    let created = async {
+        let mut io = TaskIo::new(r.stdio, r.id).map_err(RunError::Stdio)?;
+        let res = lc.create_task(r.id, mounts.clone(), &io.paths).await;
+        io.created();
+        res?;
+        Ok::<_, RunError>(io)
+    }
+    .await;
+    match created {
+        Ok(io) => {
+            timings.record(Step::Create, t.elapsed());
+            Ok((io, apply))
+        }
+        Err(e) => {
+            let _ = lc.delete_container(r.id).await;
+            remove_snapshot().await;
+            Err(e)
+        }
+    }
+}
+
+impl Task {
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    pub async fn start(&mut self, timings: &mut Timings) -> Result<(), RunError> {
+        let t = Instant::now();
+        self.lc.start_task(&self.id).await?;
+        timings.record(Step::Start, t.elapsed());
+        self.started = Some(Instant::now());
+        Ok(())
+    }
+
+    /// Wait for the task to exit (forwarding SIGINT/SIGTERM to it if `forward_signals`) and
+    /// for its output to be copied out; the exit status.
+    pub async fn wait(
+        &mut self,
+        forward_signals: bool,
+        timings: &mut Timings,
+    ) -> Result<i32, RunError> {
+        let status = if forward_signals {
+            use tokio::signal::unix::{signal, SignalKind};
+            let mut int = signal(SignalKind::interrupt()).map_err(RunError::Stdio)?;
+            let mut term = signal(SignalKind::terminate()).map_err(RunError::Stdio)?;
+            let wait = self.lc.wait_task(&self.id);
+            tokio::pin!(wait);
+            loop {
+                let sig = tokio::select! {
+                    r = &mut wait => break r?,
+                    _ = int.recv() => nix::sys::signal::Signal::SIGINT,
+                    _ = term.recv() => nix::sys::signal::Signal::SIGTERM,
+                };
+                if let Err(e) = self.lc.kill_task(&self.id, sig as u32).await {
+                    tracing::warn!(error = %e, "forwarding {sig} to the task");
+                }
+            }
+        } else {
+            self.lc.wait_task(&self.id).await?
+        };
+        if let Some(io) = self.io.take() {
+            io.finish(Duration::from_secs(10)).await;
+        }
+        if let Some(s) = self.started {
+            timings.record(Step::Exit, s.elapsed());
+        }
+        Ok(status as i32)
+    }
+
+    /// Delete the task, the container and its snapshot.
+    pub async fn remove(self, timings: &mut Timings) -> Result<(), RunError> {
+        let t = Instant::now();
+        let task = self.lc.delete_task(&self.id).await;
+        let container = self.lc.delete_container(&self.id).await;
+        let snapshot = self.lc.remove_snapshot(&self.snapshotter, &self.id).await;
+        timings.record(Step::Cleanup, t.elapsed());
+        task?;
+        container?;
+        snapshot?;
+        Ok(())
+    }
+}
+
+/// Resolve, compose, publish, pull, create (with the at-init mutation), start, wait, remove.
+/// Returns the task's exit code and the timings.
+pub async fn run_plan(client: &Client, o: &RunOptions) -> Result<RunReport, RunError> {
+    let text = std::fs::read_to_string(&o.plan).map_err(|source| RunError::Read {
+        path: o.plan.clone(),
+        error: source,
+    })?;
+    let plan = Plan::parse(&text).map_err(|source| RunError::Plan {
+        path: o.plan.clone(),
+        error: Box::new(source),
+    })?;
+    let mut report = RunReport::default();
+    let mut timings = Timings::default();
+    let tm = &mut timings;
+
+    let t = Instant::now();
+    let mut cache = ResolveCache::load(&o.cache_dir);
+    let now = unix_secs(SystemTime::now());
+    let groups = resolve_groups(client, &plan.group_refs(), &mut cache, now, o.policy).await?;
+    if let Err(e) = cache.save() {
+        tracing::warn!(error = %e, "could not save the resolution cache");
+    }
+    tm.record(Step::Resolve, t.elapsed());
+    let t = Instant::now();
+    let composed = compose(&groups, &plan).map_err(PlanCmdError::from)?;
+    tm.record(Step::Compose, t.elapsed());
+    let t = Instant::now();
+    publish_composed(client, &groups, &composed, &parse_ref(&o.image)?).await?;
+    tm.record(Step::Publish, t.elapsed());
+    tracing::debug!(digest = %composed.manifest_digest, "composed and published");
+    report.manifest_digest = composed.manifest_digest.to_string();
+    let config: ImageConfiguration = serde_json::from_slice(&composed.config_json)
+        .map_err(|e| RunError::Config(e.to_string()))?;
+
+    let t = Instant::now();
+    let ch = containerd_client::connect(&o.address)
+        .await
+        .map_err(|e| RunError::Pull {
+            image: o.image.clone(),
+            message: format!("connecting to containerd at {}: {e}", o.address.display()),
+        })?;
+    let popts = PullOptions {
+        namespace: o.namespace.clone(),
+        snapshotter: o.snapshotter.clone(),
+        platform: None,
+        image_name: None,
+    };
+    let pulled = pull(client, ch.clone(), &o.image, &popts)
+        .await
+        .map_err(|e| RunError::Pull {
+            image: o.image.clone(),
+            message: e.to_string(),
+        })?;
+    tm.record(Step::Pull, t.elapsed());
+
+    let id =
+        o.id.clone()
+            .unwrap_or_else(|| format!("weenv-run-{}", std::process::id()));
+    let plan_dir = o.plan.parent().unwrap_or(Path::new(".")).to_path_buf();
+    // Read the patch before creating anything.
+    let patch = match plan.init_mutation() {
+        Some(m) => patch_bytes(client, m, &plan_dir, &o.image).await?,
+        None => None,
+    };
+    let run = ContainerRun {
+        id: &id,
+        image: &pulled.image,
+        config: &config,
+        parent: &pulled.top_chain_id,
+        namespace: &o.namespace,
+        snapshotter: &o.snapshotter,
+        runtime: o.runtime.as_deref().unwrap_or(DEFAULT_RUNTIME),
+        cmd: &o.cmd,
+        mounts: &o.mounts,
+        mutation: plan.init_mutation().map(|m| (m, patch.as_deref())),
+        stdio: o.stdio,
+    };
+    let mut task = create(ch, &run, tm).await?;
+    report.mutation_apply_ms = task
+        .mutation_apply
+        .map(|d| d.as_secs_f64() * 1e3)
+        .unwrap_or(0.0);
+    let outcome = async {
+        task.start(tm).await?;
+        task.wait(o.stdio == StdioMode::Inherit, tm).await
+    }
+    .await;
+    if !o.keep {
+        if let Err(e) = task.remove(tm).await {
+            tracing::warn!(error = %e, "cleaning up the container");
+        }
+    }
+    report.exit_code = outcome?;
+    report.compose_ms = timings.ms(&[Step::Resolve, Step::Compose, Step::Publish]);
+    report.pull_ms = timings.ms(&[Step::Pull]);
+    report.mutation_ms = timings.ms(&[Step::Mutate]);
+    report.timings = timings;
+    Ok(report)
+}
