@@ -9,8 +9,9 @@
 //!   prepared through containerd with the remote-snapshot labels (a weenv layer becomes a lazy
 //!   remote snapshot, any other layer is fetched and applied).
 //! - [`run`]: `weenv run PLAN`: compose and publish the plan's image (`weenv-converter`), pull
-//!   it lazily, apply the at-init mutation into the container's rootfs, run the task (through
-//!   `ctr` and `mount` subprocesses today).
+//!   it lazily, apply the at-init mutation into the container's rootfs, run the task — all
+//!   through containerd's Leases/Snapshots/Containers/Tasks API and `nix` mounts, no `ctr`,
+//!   `mount` or `umount` process.
 
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 

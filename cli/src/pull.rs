@@ -122,6 +122,7 @@ pub struct PullReport {
 }
 
 /// containerd clients bound to one namespace and lease (shared with [`crate::run`]).
+#[derive(Clone)]
 pub(crate) struct Ctd {
     pub(crate) ch: Channel,
     pub(crate) ns: String,

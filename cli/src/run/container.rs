@@ -3,7 +3,8 @@
 //! container id, parent = the image's top chain id), the container record (`Containers.Create`:
 //! image, snapshotter, snapshot key, runtime, the runtime spec as an `Any`), the task
 //! (`Tasks.Create` with the snapshot's mounts as rootfs and FIFO stdio, `Start`, `Wait`,
-//! `Kill`, `Delete`), and the clean-up (task, container, snapshot).
+//! `Kill`, `Delete`, `CloseIO` once this side's stdin copy ended), and the clean-up (task,
+//! container, snapshot).
 //!
 //! GC: the snapshot is prepared under a lease (expiring after an hour if this process dies),
 //! the container record then references it (`snapshotter` + `snapshot_key`, a GC root), and
@@ -15,7 +16,7 @@ use containerd_client::services::v1::snapshots::snapshots_client::SnapshotsClien
 use containerd_client::services::v1::snapshots::RemoveSnapshotRequest;
 use containerd_client::services::v1::tasks_client::TasksClient;
 use containerd_client::services::v1::{
-    container::Runtime, Container, CreateContainerRequest, CreateTaskRequest,
+    container::Runtime, CloseIoRequest, Container, CreateContainerRequest, CreateTaskRequest,
     DeleteContainerRequest, DeleteTaskRequest, KillRequest, StartRequest, WaitRequest,
 };
 use containerd_client::types::Mount;
@@ -44,6 +45,7 @@ pub struct TaskStdio {
 }
 
 /// containerd calls of one container's lifecycle, in one namespace.
+#[derive(Clone)]
 pub struct Lifecycle {
     c: Ctd,
 }
@@ -174,6 +176,21 @@ impl Lifecycle {
             }))
             .await
             .map_err(ctd("task kill"))?;
+        Ok(())
+    }
+
+    /// `Tasks.CloseIO` with `stdin`: the shim closes its own write end of the stdin FIFO (it
+    /// holds one so the process does not see EOF between two writers), so the process reads
+    /// EOF once what was written is drained — what `ctr run` does when its stdin ends.
+    pub async fn close_stdin(&self, id: &str) -> Result<(), PullError> {
+        TasksClient::new(self.c.ch.clone())
+            .close_io(self.c.req(CloseIoRequest {
+                container_id: id.to_string(),
+                exec_id: String::new(),
+                stdin: true,
+            }))
+            .await
+            .map_err(ctd("task close stdin"))?;
         Ok(())
     }
 

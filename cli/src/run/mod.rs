@@ -262,6 +262,8 @@ pub struct Task {
     /// Time the mutation's application took (the patch alone).
     pub mutation_apply: Option<Duration>,
     started: Option<Instant>,
+    /// Calls `Tasks.CloseIO` (stdin) once this side's stdin copy ended.
+    stdin_closer: Option<tokio::task::JoinHandle<()>>,
 }
 
 /// Read `/etc/passwd` and `/etc/group` of a mounted rootfs, resolved inside it.
@@ -305,6 +307,7 @@ pub async fn create(
         io: Some(io),
         mutation_apply,
         started: None,
+        stdin_closer: None,
     })
 }
 
@@ -422,6 +425,18 @@ impl Task {
         let t = Instant::now();
         self.lc.start_task(&self.id).await?;
         timings.record(Step::Start, t.elapsed());
+        // The shim keeps a writer on the stdin FIFO open: the process sees EOF only after
+        // `CloseIO`, which goes out once this side's stdin ended (ctr does the same).
+        if let Some(done) = self.io.as_mut().and_then(TaskIo::take_stdin_done) {
+            let (lc, id) = (self.lc.clone(), self.id.clone());
+            self.stdin_closer = Some(tokio::spawn(async move {
+                if done.await.is_ok() {
+                    if let Err(e) = lc.close_stdin(&id).await {
+                        tracing::warn!(error = %e, "closing the task's stdin");
+                    }
+                }
+            }));
+        }
         self.started = Some(Instant::now());
         Ok(())
     }
@@ -452,6 +467,9 @@ impl Task {
         } else {
             self.lc.wait_task(&self.id).await?
         };
+        if let Some(c) = self.stdin_closer.take() {
+            c.abort();
+        }
         if let Some(io) = self.io.take() {
             io.finish(Duration::from_secs(10)).await;
         }

@@ -283,7 +283,7 @@ pub fn resolve_user(user: &str, db: &UserDb) -> Result<(u32, u32, Vec<u32>), Spe
     let mut gids = vec![gid];
     if let Some(name) = name {
         for (gname, g, members) in &db.groups {
-            if *gname != name && members.iter().any(|m| *m == name) && !gids.contains(g) {
+            if *gname != name && members.contains(&name) && !gids.contains(g) {
                 gids.push(*g);
             }
         }

@@ -9,6 +9,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use tokio::net::unix::pipe;
+use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 /// Where the task's stdio goes.
@@ -32,6 +33,8 @@ pub struct TaskIo {
     /// Keep-alive ends, dropped by [`TaskIo::created`].
     keep: Vec<Box<dyn Send>>,
     copies: Vec<JoinHandle<std::io::Result<u64>>>,
+    /// Fires when the stdin copy ended (EOF or error) and closed its end of the FIFO.
+    stdin_done: Option<oneshot::Receiver<()>>,
 }
 
 fn fifo(dir: &Path, name: &str) -> std::io::Result<PathBuf> {
@@ -53,6 +56,7 @@ impl TaskIo {
                 paths: TaskStdio::default(),
                 keep: Vec::new(),
                 copies: Vec::new(),
+                stdin_done: None,
             });
         }
         let dir = tempfile::Builder::new().prefix("weenv-run-io-").tempdir()?;
@@ -88,10 +92,12 @@ impl TaskIo {
                 },
                 keep,
                 copies,
+                stdin_done: None,
             });
         }
         // stdin: a keep-alive reader lets the writer open now; a thread copies this process's
-        // stdin (blocking, possibly forever on a terminal: not joined) and closes at EOF.
+        // stdin (blocking, possibly forever on a terminal: not joined), closes at EOF and says
+        // so ([`TaskIo::take_stdin_done`]: the caller then has the shim close its end too).
         let inp = fifo(dir.path(), &format!("{id}-stdin"))?;
         keep.push(Box::new(pipe::OpenOptions::new().open_receiver(&inp)?));
         let w = std::fs::OpenOptions::new()
@@ -106,9 +112,14 @@ impl TaskIo {
             nix::fcntl::FcntlArg::F_SETFL(fl.difference(nix::fcntl::OFlag::O_NONBLOCK)),
         )
         .map_err(std::io::Error::from)?;
+        let (done_tx, done_rx) = oneshot::channel();
         std::thread::spawn(move || {
             let mut w = w;
-            let _ = std::io::copy(&mut std::io::stdin().lock(), &mut w);
+            if let Err(e) = std::io::copy(&mut std::io::stdin().lock(), &mut w) {
+                tracing::debug!(error = %e, "copying stdin to the task");
+            }
+            drop(w);
+            let _ = done_tx.send(());
         });
         Ok(TaskIo {
             _dir: Some(dir),
@@ -119,7 +130,13 @@ impl TaskIo {
             },
             keep,
             copies,
+            stdin_done: Some(done_rx),
         })
+    }
+
+    /// Resolves when this side's stdin copy ended (`None` without stdin).
+    pub fn take_stdin_done(&mut self) -> Option<oneshot::Receiver<()>> {
+        self.stdin_done.take()
     }
 
     /// `Tasks.Create` returned (or failed): the shim holds its ends now; drop ours.
