@@ -52,8 +52,8 @@ pub use range_reader::{BlobRangeReader, SyncRangeReader};
 pub use reference::Reference;
 pub use retry::{ErrorKind, RetryPolicy};
 pub use source::{
-    Attempt, ByteRange, RangeSource, ReadObserver, ReadOpts, ReadReport, RegistryRangeSource,
-    Verify,
+    Attempt, BlobLocator, ByteRange, RangeSource, ReadObserver, ReadOpts, ReadReport,
+    RegistryRangeSource, Verify,
 };
 pub use stats::StatsSnapshot;
 pub use weenv_format::Digest;

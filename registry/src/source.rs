@@ -109,6 +109,18 @@ pub trait ReadObserver: Send + Sync {
     fn on_read(&self, report: &ReadReport);
 }
 
+/// Where a registry blob lives: what another node needs to fetch the same bytes (the peer
+/// cache asks a peer node to fetch frames of this blob on its behalf).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BlobLocator {
+    /// The repository (registry host and path; a tag or digest in it is ignored).
+    pub reference: Reference,
+    /// The blob.
+    pub digest: Digest,
+    /// Its size in bytes.
+    pub size: u64,
+}
+
 /// Options of one [`RangeSource::read_with`].
 #[derive(Clone, Copy, Default)]
 pub struct ReadOpts<'a> {
@@ -141,6 +153,12 @@ pub trait RangeSource: Send + Sync {
     /// Human-readable name for errors and logs (e.g. `registry/repo@sha256:..`).
     fn name(&self) -> String {
         "blob".to_string()
+    }
+
+    /// Where the blob lives in a registry, if it does and its size is known (other nodes can
+    /// then fetch the same bytes). Default: `None` (a local or private source).
+    fn locator(&self) -> Option<BlobLocator> {
+        None
     }
 
     /// The retry policy of this source's reads. Default: [`RetryPolicy::default`].
@@ -340,6 +358,14 @@ impl RangeSource for RegistryRangeSource {
 
     fn name(&self) -> String {
         format!("{}@{}", self.reference, self.digest)
+    }
+
+    fn locator(&self) -> Option<BlobLocator> {
+        Some(BlobLocator {
+            reference: self.reference.clone(),
+            digest: self.digest.clone(),
+            size: *self.size.get()?,
+        })
     }
 
     fn policy(&self) -> RetryPolicy {

@@ -7,6 +7,9 @@ use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use thiserror::Error;
 
+mod peers;
+pub use peers::PeersSection;
+
 /// Default location of the config file.
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/weenv/config.toml";
 /// The only config version this build understands.
@@ -79,6 +82,8 @@ pub struct Config {
     pub observability: ObservabilitySection,
     #[serde(default)]
     pub limits: LimitsSection,
+    #[serde(default)]
+    pub peers: PeersSection,
 }
 
 /// Registry access.
@@ -359,6 +364,7 @@ impl Default for Config {
             fuse: FuseSection::default(),
             observability: ObservabilitySection::default(),
             limits: LimitsSection::default(),
+            peers: PeersSection::default(),
         }
     }
 }
@@ -479,6 +485,7 @@ impl Config {
             ));
         }
         self.listen_addr()?;
+        self.peers.validate()?;
         Ok(())
     }
 

@@ -76,8 +76,56 @@ pub struct MemoryView {
     pub in_flight: u64,
 }
 
+/// Where the frames this node read came from, in bytes since start.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TierBytes {
+    /// Uncompressed frame bytes read from the node's disk cache.
+    pub local_disk: u64,
+    /// Compressed size of verified frames received from peer nodes.
+    pub peers: u64,
+    /// Compressed bytes fetched from the registry (on demand, prefetch and fill, including the
+    /// frames fetched on a peer's behalf).
+    pub registry: u64,
+}
+
+/// One peer node as this node sees it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PeerView {
+    pub addr: String,
+    /// In the current membership (a former member keeps its counters).
+    pub member: bool,
+    /// Not ejected now.
+    pub live: bool,
+    pub requests: u64,
+    /// Failed, slow (past the hedge delay) or corrupt answers.
+    pub errors: u64,
+    /// Frames that failed verification (never used).
+    pub corrupt_frames: u64,
+    pub ejections: u64,
+    /// Compressed size of the verified frames received.
+    pub bytes: u64,
+    pub mean_latency_ms: f64,
+}
+
+/// The peer cache (issue 14).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct PeersView {
+    /// This node's member address, if known.
+    pub me: Option<String>,
+    /// Members, this node included.
+    pub members: u64,
+    pub peers: Vec<PeerView>,
+    /// Frames asked of peers that came from the registry instead.
+    pub bypassed_frames: u64,
+    /// Requests answered for peers, and the uncompressed bytes sent.
+    pub served_requests: u64,
+    pub served_bytes: u64,
+    /// Peer requests refused (busy, invalid, unauthorised, fetch failed).
+    pub refused: u64,
+}
+
 /// The whole status document.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct StatusReport {
     pub version: String,
     pub mountpoint: String,
@@ -87,6 +135,11 @@ pub struct StatusReport {
     pub cache: CacheView,
     #[serde(default)]
     pub memory: MemoryView,
+    #[serde(default)]
+    pub tiers: TierBytes,
+    /// `None` when the peer cache is off.
+    #[serde(default)]
+    pub peers: Option<PeersView>,
 }
 
 /// A file read from a layer.
@@ -168,6 +221,41 @@ pub fn render_text(r: &StatusReport) -> String {
         mib(m.frame_cache),
         mib(m.in_flight)
     );
+    let t = &r.tiers;
+    let _ = writeln!(
+        s,
+        "frames from: local disk {:.1} MiB, peers {:.1} MiB, registry {:.1} MiB",
+        mib(t.local_disk),
+        mib(t.peers),
+        mib(t.registry)
+    );
+    if let Some(p) = &r.peers {
+        let _ = writeln!(
+            s,
+            "peers: {} members (me {}), served {} requests / {:.1} MiB to peers, {} refused, {} frames bypassed to the registry",
+            p.members,
+            p.me.as_deref().unwrap_or("unknown"),
+            p.served_requests,
+            mib(p.served_bytes),
+            p.refused,
+            p.bypassed_frames
+        );
+        for v in &p.peers {
+            let _ = writeln!(
+                s,
+                "  {}  {}{}  {} requests, {} errors, {} corrupt frames, {} ejections, {:.1} MiB, mean {:.1} ms",
+                v.addr,
+                if v.live { "live" } else { "EJECTED" },
+                if v.member { "" } else { " (gone)" },
+                v.requests,
+                v.errors,
+                v.corrupt_frames,
+                v.ejections,
+                mib(v.bytes),
+                v.mean_latency_ms
+            );
+        }
+    }
     let quarantined = r.layers.iter().filter(|l| l.quarantined.is_some()).count();
     let native = r.layers.iter().filter(|l| l.native).count();
     let _ = writeln!(
@@ -265,6 +353,27 @@ mod tests {
                 frame_cache: 2 << 20,
                 in_flight: 0,
             },
+            tiers: TierBytes {
+                local_disk: 1 << 20,
+                peers: 2 << 20,
+                registry: 3 << 20,
+            },
+            peers: Some(PeersView {
+                me: Some("10.0.0.1:7470".into()),
+                members: 2,
+                peers: vec![PeerView {
+                    addr: "10.0.0.2:7470".into(),
+                    member: true,
+                    live: false,
+                    requests: 4,
+                    errors: 1,
+                    corrupt_frames: 1,
+                    ejections: 1,
+                    bytes: 2 << 20,
+                    mean_latency_ms: 2.5,
+                }],
+                ..Default::default()
+            }),
         };
         let j = serde_json::to_string(&r).unwrap();
         assert_eq!(serde_json::from_str::<StatusReport>(&j).unwrap(), r);
@@ -293,6 +402,18 @@ mod tests {
             "{t}"
         );
         assert!(t.contains("10 entries (TOC 1.0 MiB)"), "{t}");
+        assert!(
+            t.contains("frames from: local disk 1.0 MiB, peers 2.0 MiB, registry 3.0 MiB"),
+            "{t}"
+        );
+        assert!(
+            t.contains(
+                "10.0.0.2:7470  EJECTED  4 requests, 1 errors, 1 corrupt frames, 1 ejections"
+            ),
+            "{t}"
+        );
+        let no_peers = j.replace(r#","peers":{"#, r#","peerz":{"#);
+        assert!(serde_json::from_str::<StatusReport>(&no_peers).is_ok());
     }
 
     fn whole(p: &str) -> FileRead {

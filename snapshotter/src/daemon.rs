@@ -40,6 +40,8 @@ pub enum DaemonError {
     Grpc(#[from] crate::grpc::GrpcError),
     #[error(transparent)]
     Http(#[from] crate::http::HttpError),
+    #[error(transparent)]
+    Peers(#[from] crate::peer::PeerError),
 }
 
 struct Obs {
@@ -47,12 +49,16 @@ struct Obs {
     store: Arc<MetaStore>,
     layers: Arc<LayerStore>,
     metrics: Arc<Metrics>,
+    peers: Option<crate::peer::Peers>,
 }
 
 impl Observable for Obs {
     fn metrics_text(&self) -> String {
         let mut m = self.metrics.render();
         m.push_str(&self.svc.counters().render());
+        if let Some(p) = &self.peers {
+            m.push_str(&p.stats.render());
+        }
         if let Ok(c) = crate::status::count_snapshots(&self.store) {
             let mut e = crate::metrics::Exposition::new();
             e.gauge_family(
@@ -72,8 +78,13 @@ impl Observable for Obs {
         m
     }
     fn status_json(&self) -> String {
-        serde_json::to_string_pretty(&crate::status::report(&self.store, &self.layers))
-            .unwrap_or_default()
+        serde_json::to_string_pretty(&crate::status::report(
+            &self.store,
+            &self.layers,
+            &self.metrics,
+            self.peers.as_ref(),
+        ))
+        .unwrap_or_default()
     }
     fn profile_json(&self) -> String {
         serde_json::to_string(&crate::status::profile(&self.layers)).unwrap_or_default()
@@ -158,6 +169,7 @@ pub async fn run(cfg: Config) -> Result<(), DaemonError> {
         }));
     }
     let registry = weenv_registry::Client::new(cfg.registry_config())?;
+    let peers = crate::peer::start(&cfg.peers, layers.frames(), registry.clone()).await?;
     let provider: Arc<dyn LayerProvider> = Arc::new(WeenvLayers::new(
         store.clone(),
         layers.clone(),
@@ -178,6 +190,7 @@ pub async fn run(cfg: Config) -> Result<(), DaemonError> {
             store: store.clone(),
             layers: layers.clone(),
             metrics,
+            peers,
         });
         tokio::spawn(http::serve(l, obs));
     }

@@ -279,6 +279,11 @@ impl LayerStore {
         }))
     }
 
+    /// The frame store every layer reads through (the peer tier serves it and hooks into it).
+    pub fn frames(&self) -> &Arc<FrameStore> {
+        &self.st.store
+    }
+
     /// The directory of layer `digest` (whether or not it is mounted).
     pub fn layer_path(&self, digest: &Digest) -> PathBuf {
         self.cfg.mountpoint.join(digest.hex())

@@ -10,6 +10,7 @@
 //! - [`http`] + [`status`]: `/metrics` and `/status` endpoint.
 //! - [`daemon`]: wiring (store, FUSE layer store, remount, servers).
 //! - the lazy data path: [`layers`] (FUSE layer store), [`fs`], [`cache`], [`fetch`], [`metrics`].
+//! - [`peer`]: the node disk cache shared with peer nodes (serve, find, place, verify).
 //!
 //! The daemon's contract with its clients (config schema, remote-snapshot labels, the
 //! `/status` and `/profile` documents) is the `weenv-snapshotter-api` crate; [`config`] is
@@ -29,6 +30,7 @@ pub mod http;
 pub mod layers;
 pub mod metrics;
 pub mod mounts;
+pub mod peer;
 pub mod remote;
 pub mod service;
 pub mod status;

@@ -103,6 +103,8 @@ pub struct Metrics {
     pub l1_misses: AtomicU64,
     pub l2_hits: AtomicU64,
     pub l2_misses: AtomicU64,
+    /// Uncompressed frame bytes read from the disk cache.
+    pub l2_hit_bytes: AtomicU64,
     /// Frames evicted from L2.
     pub l2_evictions: AtomicU64,
     /// Frames whose content did not match the TOC digest.
@@ -140,6 +142,7 @@ impl Default for Metrics {
             l1_misses: AtomicU64::default(),
             l2_hits: AtomicU64::default(),
             l2_misses: AtomicU64::default(),
+            l2_hit_bytes: AtomicU64::default(),
             l2_evictions: AtomicU64::default(),
             verification_failures: AtomicU64::default(),
             read_bytes_served: AtomicU64::default(),
@@ -207,7 +210,7 @@ impl Metrics {
     /// Prometheus text exposition (version 0.0.4), encoded by prometheus-client.
     pub fn render(&self) -> String {
         let mut e = Exposition::new();
-        let counters: [(&'static str, &'static str, &AtomicU64); 18] = [
+        let counters: [(&'static str, &'static str, &AtomicU64); 19] = [
             (
                 "weenv_fetch_bytes_on_demand_total",
                 "Compressed bytes fetched for on-demand reads.",
@@ -252,6 +255,11 @@ impl Metrics {
                 "weenv_cache_l2_misses_total",
                 "Frame misses in the disk cache.",
                 &self.l2_misses,
+            ),
+            (
+                "weenv_cache_l2_hit_bytes_total",
+                "Uncompressed frame bytes read from the disk cache.",
+                &self.l2_hit_bytes,
             ),
             (
                 "weenv_cache_l2_evictions_total",
@@ -349,8 +357,8 @@ struct Family {
 #[derive(Debug)]
 enum Samples {
     Counter(u64),
-    CounterFamily(&'static str, Vec<(&'static str, u64)>),
-    Gauge(&'static str, Vec<(&'static str, u64)>),
+    CounterFamily(&'static str, Vec<(String, u64)>),
+    Gauge(&'static str, Vec<(String, u64)>),
     Histogram(Histogram),
 }
 
@@ -366,24 +374,26 @@ impl Exposition {
     }
 
     /// A counter with one label `label`, one sample per `(label value, count)`.
-    pub fn counter_family(
+    pub fn counter_family<L: Into<String>>(
         &mut self,
         name: &'static str,
         help: &'static str,
         label: &'static str,
-        values: Vec<(&'static str, u64)>,
+        values: Vec<(L, u64)>,
     ) {
+        let values = values.into_iter().map(|(l, v)| (l.into(), v)).collect();
         self.push(name, help, Samples::CounterFamily(label, values));
     }
 
     /// A gauge with one label `label`, one sample per `(label value, value)`.
-    pub fn gauge_family(
+    pub fn gauge_family<L: Into<String>>(
         &mut self,
         name: &'static str,
         help: &'static str,
         label: &'static str,
-        values: Vec<(&'static str, u64)>,
+        values: Vec<(L, u64)>,
     ) {
+        let values = values.into_iter().map(|(l, v)| (l.into(), v)).collect();
         self.push(name, help, Samples::Gauge(label, values));
     }
 
@@ -442,14 +452,16 @@ impl Collector for Exposition {
                         MetricType::Counter,
                     )?;
                     for (value_label, v) in values {
-                        ConstCounter::new(*v).encode(m.encode_family(&[(*key, *value_label)])?)?;
+                        ConstCounter::new(*v)
+                            .encode(m.encode_family(&[(*key, value_label.as_str())])?)?;
                     }
                 }
                 Samples::Gauge(key, values) => {
                     let mut m =
                         encoder.encode_descriptor(f.name, f.help, None, MetricType::Gauge)?;
                     for (value_label, v) in values {
-                        ConstGauge::new(*v).encode(m.encode_family(&[(*key, *value_label)])?)?;
+                        ConstGauge::new(*v)
+                            .encode(m.encode_family(&[(*key, value_label.as_str())])?)?;
                     }
                 }
                 Samples::Histogram(h) => {
@@ -459,6 +471,36 @@ impl Collector for Exposition {
             }
         }
         Ok(())
+    }
+}
+
+/// Rate limit of hot-path log lines: [`LogLimit::allow`] is true at most once per second.
+#[derive(Debug)]
+pub struct LogLimit {
+    started: std::time::Instant,
+    /// Seconds after `started` (+1) of the last allowed line.
+    last: AtomicU64,
+}
+
+impl Default for LogLimit {
+    fn default() -> Self {
+        LogLimit {
+            started: std::time::Instant::now(),
+            last: AtomicU64::new(0),
+        }
+    }
+}
+
+impl LogLimit {
+    /// True at most once per second.
+    pub fn allow(&self) -> bool {
+        let now = self.started.elapsed().as_secs() + 1;
+        let last = self.last.load(Ordering::Relaxed);
+        now > last
+            && self
+                .last
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
     }
 }
 

@@ -3,10 +3,13 @@
 //! daemon's published contract and live in `weenv_snapshotter_api::status` (re-exported here).
 
 use crate::layers::LayerStore;
+use crate::metrics::Metrics;
+use crate::peer::Peers;
 use crate::store::{Kind, MetaStore, StoreError};
+use std::sync::atomic::Ordering;
 pub use weenv_snapshotter_api::status::{
     render_profile, render_text, CacheView, FileRead, LayerProfile, LayerView, MemoryView,
-    ProfileReport, SnapshotCounts, StatusReport,
+    PeerView, PeersView, ProfileReport, SnapshotCounts, StatusReport, TierBytes,
 };
 
 /// Resident set size of this process in bytes (0 if unknown).
@@ -40,8 +43,26 @@ pub fn count_snapshots(store: &MetaStore) -> Result<SnapshotCounts, StoreError> 
     Ok(c)
 }
 
-/// Build the report from the live layer store and the metadata store.
-pub fn report(store: &MetaStore, layers: &LayerStore) -> StatusReport {
+/// Where frames came from, from the data path's counters and the peer tier's.
+pub fn tiers(metrics: &Metrics, peers: Option<&Peers>) -> TierBytes {
+    let c = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+    TierBytes {
+        local_disk: c(&metrics.l2_hit_bytes),
+        peers: peers.map_or(0, |p| p.stats.bytes_from_peers()),
+        registry: c(&metrics.bytes_fetched_on_demand)
+            + c(&metrics.bytes_fetched_prefetch)
+            + c(&metrics.bytes_fetched_fill),
+    }
+}
+
+/// Build the report from the live layer store, the metadata store, the data path's counters
+/// and the peer tier (if on).
+pub fn report(
+    store: &MetaStore,
+    layers: &LayerStore,
+    metrics: &Metrics,
+    peers: Option<&Peers>,
+) -> StatusReport {
     let ((mu, mc), (du, dc)) = layers.cache_usage();
     let mut lv: Vec<LayerView> = layers
         .status()
@@ -91,6 +112,8 @@ pub fn report(store: &MetaStore, layers: &LayerStore) -> StatusReport {
                 in_flight,
             }
         },
+        tiers: tiers(metrics, peers),
+        peers: peers.map(Peers::view),
     }
 }
 

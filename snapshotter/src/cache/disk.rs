@@ -377,7 +377,12 @@ impl DiskCache {
         };
         let path = pin.path();
         match fs::read(&path) {
-            Ok(v) if v.len() as u64 == expected_len => Ok(Some(Bytes::from(v))),
+            Ok(v) if v.len() as u64 == expected_len => {
+                self.metrics
+                    .l2_hit_bytes
+                    .fetch_add(expected_len, Ordering::Relaxed);
+                Ok(Some(Bytes::from(v)))
+            }
             Ok(v) => {
                 tracing::warn!(digest = %d, len = v.len(), expected_len, "cached frame has wrong length; dropping it");
                 drop(pin);

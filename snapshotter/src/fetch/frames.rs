@@ -16,16 +16,21 @@
 //! - misses claimed together are coalesced into range requests by [`plan_fetch`];
 //! - if a claimer is cancelled, its claims are released and waiters retry (no lost wakeups).
 //! - on-demand and read-ahead fetches are counted so the background fill can yield to them.
+//! - with a peer tier set ([`FrameStore::set_peer_tier`], `crate::peer`), claimed misses of a
+//!   registry blob are first asked of the peer nodes that own them; frames the tier returns
+//!   (verified against the TOC by the tier) are cached like fetched ones, the rest are fetched
+//!   from the source as above.
 
 use super::plan::{plan_fetch, PlanLimits, RangeRequest};
 use super::{FetchError, RangeSource};
 use crate::cache::{DiskCache, MemoryCache};
-use crate::metrics::Metrics;
+use crate::metrics::{LogLimit, Metrics};
+use crate::peer::PeerTier;
 use bytes::Bytes;
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 use tokio::sync::{watch, Notify};
 use weenv_format::{Digest, Frame, FrameIdx};
@@ -71,10 +76,12 @@ pub struct FrameStore {
     /// Milliseconds after `started` of the last on-demand/read-ahead activity (start or end
     /// of a fetch, or [`FrameStore::note_demand`]).
     last_demand_ms: AtomicU64,
-    last_log: AtomicU64,
+    last_log: LogLimit,
     started: Instant,
     /// Compressed bytes of the range requests in flight.
     in_flight: AtomicU64,
+    /// Peer nodes asked before the source (set once at start-up).
+    peers: OnceLock<Arc<dyn PeerTier>>,
 }
 
 /// Subtracts a request's bytes from [`FrameStore::in_flight_bytes`] when it ends.
@@ -212,10 +219,17 @@ impl FrameStore {
             demand: AtomicUsize::new(0),
             demand_idle: Notify::new(),
             last_demand_ms: AtomicU64::new(0),
-            last_log: AtomicU64::new(0),
+            last_log: LogLimit::default(),
             started: Instant::now(),
             in_flight: AtomicU64::new(0),
+            peers: OnceLock::new(),
         }
+    }
+
+    /// Ask `tier` for claimed misses of registry blobs before their source (once; a second
+    /// call is ignored).
+    pub fn set_peer_tier(&self, tier: Arc<dyn PeerTier>) {
+        let _ = self.peers.set(tier);
     }
 
     /// The disk cache.
@@ -403,10 +417,20 @@ impl FrameStore {
             self.note_demand();
             DemandGuard(self)
         });
-        let wanted: Vec<FrameIdx> = claims.iter().map(|(_, idx, _)| *idx).collect();
+        let mut wanted: Vec<FrameIdx> = claims.iter().map(|(_, idx, _)| *idx).collect();
         let mut by_idx: HashMap<FrameIdx, Vec<(usize, Claim<'a>)>> = HashMap::new();
         for (i, idx, c) in claims {
             by_idx.entry(idx).or_default().push((i, c));
+        }
+        let mut out = Vec::new();
+        if let (Some(tier), Some(blob)) = (self.peers.get(), source.locator()) {
+            for (idx, b) in tier.fetch(&blob, frames, &wanted, prio).await {
+                if let (Some(f), Some(claims)) = (frames.get(idx.0 as usize), by_idx.remove(&idx)) {
+                    self.keep(f, &b, prio);
+                    publish(claims, Ok(b), &mut out);
+                }
+            }
+            wanted.retain(|idx| by_idx.contains_key(idx));
         }
         let plan = plan_fetch(frames, &wanted, self.limits);
         let mut jobs = Vec::new();
@@ -419,11 +443,8 @@ impl FrameStore {
             }
             jobs.push(self.run_request(frames, source, req, group, prio));
         }
-        futures::future::join_all(jobs)
-            .await
-            .into_iter()
-            .flatten()
-            .collect()
+        out.extend(futures::future::join_all(jobs).await.into_iter().flatten());
+        out
     }
 
     async fn run_request<'a>(
@@ -501,18 +522,20 @@ impl FrameStore {
                     })),
                 },
             };
-            let mut claims = claims.into_iter();
-            if let Some((i, c)) = claims.next() {
-                out.push((i, r.clone()));
-                c.finish(r.clone());
-            }
-            for (i, c) in claims {
-                // Same frame index asked twice in one call: the first claim published it.
-                out.push((i, r.clone()));
-                drop(c);
-            }
+            publish(claims, r, &mut out);
         }
         out
+    }
+
+    /// Caches verified frame `f` (L2; L1 unless it is for the fill).
+    fn keep(&self, f: &Frame, b: &Bytes, prio: Priority) {
+        if let Err(e) = self.l2.put(&f.digest, b) {
+            tracing::warn!(error = %e, "could not write frame to the disk cache");
+        }
+        if prio != Priority::Fill {
+            // The fill must not push the working set out of memory.
+            self.l1.insert(f.digest.clone(), b.clone());
+        }
     }
 
     /// Decode and verify frame `f` from `blob` (which starts at blob offset `base`); cache it
@@ -542,13 +565,7 @@ impl FrameStore {
         match decoded {
             Ok(v) => {
                 let b = Bytes::from(v);
-                if let Err(e) = self.l2.put(&f.digest, &b) {
-                    tracing::warn!(error = %e, "could not write frame to the disk cache");
-                }
-                if prio != Priority::Fill {
-                    // The fill must not push the working set out of memory.
-                    self.l1.insert(f.digest.clone(), b.clone());
-                }
+                self.keep(f, &b, prio);
                 Ok(b)
             }
             Err(reason) => {
@@ -562,13 +579,25 @@ impl FrameStore {
 
     /// True at most once per second (hot-path logs are rate-limited).
     fn may_log(&self) -> bool {
-        let now = self.started.elapsed().as_secs() + 1;
-        let last = self.last_log.load(Ordering::Relaxed);
-        now > last
-            && self
-                .last_log
-                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
+        self.last_log.allow()
+    }
+}
+
+/// Publishes `r` to the claims of one frame and to the caller's results `out`.
+fn publish(
+    claims: Vec<(usize, Claim<'_>)>,
+    r: Result<Bytes, FetchError>,
+    out: &mut Vec<(usize, Result<Bytes, FetchError>)>,
+) {
+    let mut claims = claims.into_iter();
+    if let Some((i, c)) = claims.next() {
+        out.push((i, r.clone()));
+        c.finish(r.clone());
+    }
+    for (i, c) in claims {
+        // Same frame index asked twice in one call: the first claim published it.
+        out.push((i, r.clone()));
+        drop(c);
     }
 }
 

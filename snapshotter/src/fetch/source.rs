@@ -114,6 +114,10 @@ impl<S: RangeSource> RangeSource for CountingSource<S> {
         self.inner.policy()
     }
 
+    fn locator(&self) -> Option<weenv_registry::BlobLocator> {
+        self.inner.locator()
+    }
+
     async fn refresh_auth(&self) -> bool {
         self.inner.refresh_auth().await
     }
