@@ -210,6 +210,25 @@ pub struct FuseSection {
     /// Use FUSE passthrough for fully cached files when the kernel supports it. Default true.
     #[serde(default = "default_true")]
     pub passthrough: bool,
+    /// Keep the FUSE session across daemon restarts, crashes and upgrades: the session's
+    /// `/dev/fuse` fd is held by a small keeper process (`weenv-snapshotter keeper`), and a
+    /// new daemon takes it over instead of mounting a new session, so running containers keep
+    /// reading. Default false (the shipped config files turn it on).
+    #[serde(default)]
+    pub handover: bool,
+    /// The keeper's unix socket. Default `<root_dir>/fuse-keeper.sock`.
+    #[serde(default)]
+    pub keeper_socket: Option<PathBuf>,
+    /// Start a keeper (in its own session, outliving the daemon) when none answers on the
+    /// socket. Off when the keeper runs on its own (a Kubernetes DaemonSet of its own).
+    /// Default true.
+    #[serde(default = "default_true")]
+    pub spawn_keeper: bool,
+    /// Seconds a keeper waits for a daemon to take a session over after the last one went
+    /// away; then it aborts the session (reads fail as without a keeper) and unmounts it.
+    /// Default 600.
+    #[serde(default = "default_keeper_timeout")]
+    pub keeper_timeout_secs: u64,
 }
 
 /// Metrics and status endpoint.
@@ -294,6 +313,9 @@ fn default_fill_concurrency() -> usize {
 fn default_fuse_threads() -> usize {
     4
 }
+fn default_keeper_timeout() -> u64 {
+    600
+}
 fn default_listen() -> String {
     "127.0.0.1:9123".into()
 }
@@ -338,6 +360,10 @@ impl Default for FuseSection {
             mountpoint: None,
             threads: default_fuse_threads(),
             passthrough: true,
+            handover: false,
+            keeper_socket: None,
+            spawn_keeper: true,
+            keeper_timeout_secs: default_keeper_timeout(),
         }
     }
 }
@@ -472,6 +498,16 @@ impl Config {
         if self.fuse.threads == 0 || self.fuse.threads > 64 {
             return Err(invalid("fuse.threads", "must be between 1 and 64"));
         }
+        let keeper = self.keeper_socket();
+        if !keeper.is_absolute() || keeper.as_os_str().len() > 107 {
+            return Err(invalid(
+                "fuse.keeper_socket",
+                "must be an absolute path of at most 107 bytes (unix socket limit)",
+            ));
+        }
+        if self.fuse.keeper_timeout_secs == 0 {
+            return Err(invalid("fuse.keeper_timeout_secs", "must be at least 1"));
+        }
         if !(1..=100_000_000).contains(&self.limits.max_toc_entries) {
             return Err(invalid(
                 "limits.max_toc_entries",
@@ -534,6 +570,14 @@ impl Config {
         rc
     }
 
+    /// Effective unix socket of the FUSE session keeper.
+    pub fn keeper_socket(&self) -> PathBuf {
+        self.fuse
+            .keeper_socket
+            .clone()
+            .unwrap_or_else(|| self.root_dir.join("fuse-keeper.sock"))
+    }
+
     /// Effective FUSE mountpoint.
     pub fn mountpoint(&self) -> PathBuf {
         self.fuse
@@ -592,7 +636,19 @@ mod tests {
     #[test]
     fn example_file_parses() {
         let text = include_str!("../../config/weenv-snapshotter.toml");
-        parse(text).unwrap();
+        let c = parse(text).unwrap();
+        assert!(
+            c.fuse.handover,
+            "the shipped config keeps sessions across restarts"
+        );
+    }
+
+    #[test]
+    fn handover_is_off_by_default_and_the_keeper_lives_in_the_root() {
+        let c = parse("version = 1\nroot_dir = \"/r\"").unwrap();
+        assert!(!c.fuse.handover && c.fuse.spawn_keeper);
+        assert_eq!(c.fuse.keeper_timeout_secs, 600);
+        assert_eq!(c.keeper_socket(), PathBuf::from("/r/fuse-keeper.sock"));
     }
 
     #[test]
@@ -604,6 +660,14 @@ mod tests {
         assert_eq!(field("version = 2"), "version");
         assert_eq!(field("version = 1\nroot_dir = \"rel\""), "root_dir");
         assert_eq!(field("version = 1\n[fuse]\nthreads = 0"), "fuse.threads");
+        assert_eq!(
+            field("version = 1\n[fuse]\nkeeper_socket = \"rel.sock\""),
+            "fuse.keeper_socket"
+        );
+        assert_eq!(
+            field("version = 1\n[fuse]\nkeeper_timeout_secs = 0"),
+            "fuse.keeper_timeout_secs"
+        );
         assert_eq!(
             field("version = 1\n[fill]\nconcurrency = 0"),
             "fill.concurrency"

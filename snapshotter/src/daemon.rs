@@ -1,7 +1,10 @@
-//! Daemon wiring: open the store, mount the FUSE layer store, remount every committed remote
-//! snapshot, then serve the observability endpoint and containerd's Snapshots API until
-//! SIGTERM/SIGINT. On exit the FUSE session is unmounted (see README: running containers
-//! whose rootfs stacks weenv layers lose them; new containers work after a restart).
+//! Daemon wiring: open the store, mount the FUSE layer store (or, with `fuse.handover`, take
+//! over the session a keeper holds), remount every committed remote snapshot, serve the
+//! FUSE session, then the observability endpoint and containerd's Snapshots API until
+//! SIGTERM/SIGINT. On SIGTERM with a keeper the session is left to the keeper for the next
+//! daemon (running containers keep reading); otherwise (SIGINT, or no keeper) it is
+//! unmounted (running containers whose rootfs stacks weenv layers lose them; new
+//! containers work after a restart). See docs/restart.md.
 
 use crate::config::Config;
 use crate::fetch::FillConfig;
@@ -151,10 +154,27 @@ pub async fn run(cfg: Config) -> Result<(), DaemonError> {
     }
     let store = Arc::new(MetaStore::open(&cfg.db_path())?);
     let metrics = Arc::new(Metrics::new());
-    let layers = LayerStore::start(
+    let keeper = if cfg.fuse.handover {
+        match crate::handover::client::KeeperClient::connect_or_spawn(
+            &cfg.keeper_socket(),
+            cfg.fuse.spawn_keeper,
+            cfg.fuse.keeper_timeout_secs,
+        ) {
+            Ok(k) => Some(k),
+            Err(e) => {
+                error!(error = %e, "no FUSE session keeper: running containers will not survive a restart of this daemon");
+                None
+            }
+        }
+    } else {
+        info!("fuse.handover is off: running containers lose their lazy layers when this daemon stops");
+        None
+    };
+    let layers = LayerStore::start_with(
         layer_store_config(&cfg),
         tokio::runtime::Handle::current(),
         metrics.clone(),
+        keeper,
     )?;
     {
         let store = store.clone();
@@ -183,6 +203,7 @@ pub async fn run(cfg: Config) -> Result<(), DaemonError> {
     )?);
     let (ok, failed) = svc.remount_all().await?;
     info!(remounted = ok, failed, "remote snapshots remounted");
+    layers.serve()?;
 
     if let Some(l) = listener {
         let obs = Arc::new(Obs {
@@ -196,14 +217,33 @@ pub async fn run(cfg: Config) -> Result<(), DaemonError> {
     }
 
     info!(socket = %cfg.socket.display(), "serving containerd Snapshots API");
-    let res = crate::grpc::serve(svc, &cfg.socket, shutdown_signal()).await;
-    info!("shutting down: unmounting the FUSE session");
-    layers.shutdown();
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let signal = async move {
+        let _ = tx.send(shutdown_signal().await);
+    };
+    let res = crate::grpc::serve(svc, &cfg.socket, signal).await;
+    let hand_over = matches!(rx.await, Ok(Stop::Term)) && layers.can_hand_over();
+    if hand_over {
+        info!("shutting down: the keeper keeps the FUSE session for the next daemon");
+        layers.hand_over();
+    } else {
+        info!("shutting down: unmounting the FUSE session");
+        layers.shutdown();
+    }
     res?;
     Ok(())
 }
 
-async fn shutdown_signal() {
+/// How the daemon was asked to stop.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Stop {
+    /// SIGTERM (systemd, Kubernetes, an upgrade): hand the session over when a keeper holds it.
+    Term,
+    /// SIGINT (an operator's Ctrl-C): unmount.
+    Int,
+}
+
+async fn shutdown_signal() -> Stop {
     use tokio::signal::unix::{signal, SignalKind};
     let (Ok(mut term), Ok(mut int)) = (
         signal(SignalKind::terminate()),
@@ -213,8 +253,8 @@ async fn shutdown_signal() {
         return std::future::pending().await;
     };
     tokio::select! {
-        _ = term.recv() => info!("SIGTERM"),
-        _ = int.recv() => info!("SIGINT"),
+        _ = term.recv() => { info!("SIGTERM"); Stop::Term }
+        _ = int.recv() => { info!("SIGINT"); Stop::Int }
     }
 }
 

@@ -33,13 +33,16 @@ use crate::fs::ops::{FsState, Layers};
 use crate::fs::passthrough::Passthrough;
 use crate::fs::trust::{check_complete, PersistFn, QuarantineHook};
 use crate::fs::WeenvFs;
+use crate::handover::client::KeeperClient;
+use crate::handover::{resume, SessionMeta, META_VERSION};
 use crate::metrics::Metrics;
-use fuser::{BackgroundSession, Config, INodeNo, MountOption, Notifier, SessionACL};
+use fuser::{BackgroundSession, Config, INodeNo, MountOption, Notifier, Session, SessionACL};
 use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
 use std::ffi::OsStr;
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 use thiserror::Error;
@@ -142,7 +145,13 @@ pub struct LayerStore {
     cfg: LayerStoreConfig,
     st: Arc<FsState>,
     session: Mutex<Option<BackgroundSession>>,
+    /// A taken-over session, served by [`LayerStore::serve`] once the layers are back.
+    pending: Mutex<Option<Session<WeenvFs>>>,
     notifier: Option<Notifier>,
+    /// The keeper holding a copy of the session's fd (see [`crate::handover`]).
+    keeper: Option<KeeperClient>,
+    /// The session was left to the keeper: never unmount it.
+    handed_over: AtomicBool,
     fills: Mutex<HashMap<Digest, JoinHandle<()>>>,
     fill_budget: Arc<FillShared>,
 }
@@ -180,6 +189,48 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> LayerError + '_ {
     }
 }
 
+/// True if `mountinfo` (`/proc/self/mountinfo`) lists a FUSE mount at `path`. Pure.
+pub fn fuse_mounted_at(mountinfo: &str, path: &Path) -> bool {
+    let want = path.to_string_lossy().replace(' ', "\\040");
+    mountinfo.lines().any(|l| {
+        let mut f = l.split(' ');
+        let point = f.nth(4);
+        let fstype = l.split(" - ").nth(1).and_then(|r| r.split(' ').next());
+        point == Some(want.as_str()) && fstype.is_some_and(|t| t.starts_with("fuse"))
+    })
+}
+
+/// The session a keeper holds, if this store can serve it: same protocol version, same
+/// mountpoint, still mounted. An unusable one is detached (never stat'ed: with no server
+/// a stat would wait forever).
+fn usable_takeover(
+    keeper: &KeeperClient,
+    mountpoint: &Path,
+) -> Option<(std::os::fd::OwnedFd, SessionMeta)> {
+    let (fd, meta) = match keeper.take() {
+        Ok(Some(v)) => v,
+        Ok(None) => {
+            tracing::info!("no FUSE session to take over (the keeper holds none): mounting a new session; containers started before this daemon lost their lazy layers");
+            return None;
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot ask the keeper for a FUSE session: mounting a new session");
+            return None;
+        }
+    };
+    let mounted = std::fs::read_to_string("/proc/self/mountinfo")
+        .is_ok_and(|mi| fuse_mounted_at(&mi, mountpoint));
+    if meta.version == META_VERSION && meta.mountpoint == mountpoint && mounted {
+        return Some((fd, meta));
+    }
+    tracing::warn!(kept = %meta.mountpoint.display(), version = meta.version, mounted,
+        "the kept FUSE session cannot be taken over (other version or mountpoint, or unmounted): mounting a new session");
+    if meta.mountpoint == mountpoint && mounted {
+        let _ = nix::mount::umount2(mountpoint, nix::mount::MntFlags::MNT_DETACH);
+    }
+    None
+}
+
 /// Lazily detaches a dead FUSE mount left by a previous daemon (ENOTCONN on stat).
 fn clear_stale_mount(mountpoint: &Path) {
     if let Err(e) = std::fs::metadata(mountpoint) {
@@ -197,8 +248,25 @@ impl LayerStore {
         rt: tokio::runtime::Handle,
         metrics: Arc<Metrics>,
     ) -> Result<Arc<LayerStore>, LayerError> {
-        clear_stale_mount(&cfg.mountpoint);
-        std::fs::create_dir_all(&cfg.mountpoint).map_err(io_err(&cfg.mountpoint))?;
+        Self::start_with(cfg, rt, metrics, None)
+    }
+
+    /// [`Self::start`] with a keeper: takes over the session it holds (served only from
+    /// [`Self::serve`] on, once the layers are added again), else mounts a new session and
+    /// gives the keeper a copy of its fd.
+    pub fn start_with(
+        cfg: LayerStoreConfig,
+        rt: tokio::runtime::Handle,
+        metrics: Arc<Metrics>,
+        mut keeper: Option<KeeperClient>,
+    ) -> Result<Arc<LayerStore>, LayerError> {
+        let takeover = keeper
+            .as_ref()
+            .and_then(|k| usable_takeover(k, &cfg.mountpoint));
+        if takeover.is_none() {
+            clear_stale_mount(&cfg.mountpoint);
+            std::fs::create_dir_all(&cfg.mountpoint).map_err(io_err(&cfg.mountpoint))?;
+        }
         let l2 = DiskCache::open(&cfg.cache_dir, cfg.disk_cache_bytes, metrics.clone())?;
         let limits = PlanLimits {
             max_gap: cfg.fill.max_gap_bytes,
@@ -222,7 +290,26 @@ impl LayerStore {
             root_ttl: Duration::from_secs(1),
             mounted_at: SystemTime::now(),
             probe: Default::default(),
+            init: parking_lot::Mutex::new(None),
         });
+        if let Some((_, meta)) = &takeover {
+            // Every digest keeps its slot, so the kernel's inode numbers stay valid.
+            let mut g = st.layers.write();
+            for (d, slot) in &meta.slots {
+                match d.parse::<Digest>() {
+                    Ok(d) => {
+                        g.slot_of.insert(d, *slot);
+                        if g.by_slot.len() <= *slot as usize {
+                            g.by_slot.resize(*slot as usize + 1, None);
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(digest = %d, error = %e, "kept slot of an unparsable digest")
+                    }
+                }
+            }
+            st.passthrough.set_fh_base(meta.takeovers << 40);
+        }
         let mut fc = Config::default();
         fc.mount_options = vec![
             MountOption::FSName("weenv".into()),
@@ -241,12 +328,57 @@ impl LayerStore {
         // to another fd than the request's (ENOENT, logged as `Failed to send FUSE reply`) and
         // the kernel never learnt that interrupts are not supported (see `fs::interrupt`).
         fc.clone_fd = false;
-        let session = fuser::spawn_mount(WeenvFs { st: st.clone() }, &cfg.mountpoint, &fc)
-            .map_err(|source| LayerError::Mount {
+        let mount_err = |source| LayerError::Mount {
+            mountpoint: cfg.mountpoint.clone(),
+            error: source,
+        };
+        if let Some((fd, meta)) = takeover {
+            let session = resume::resume_session(WeenvFs { st: st.clone() }, fd, &meta.init, fc)
+                .map_err(mount_err)?;
+            tracing::info!(
+                mountpoint = %cfg.mountpoint.display(),
+                slots = meta.slots.len(),
+                takeovers = meta.takeovers,
+                passthrough = st.passthrough.active(),
+                "taking over the FUSE session kept by the keeper; requests wait until the layers are back"
+            );
+            return Ok(Arc::new(LayerStore {
+                st,
+                session: Mutex::new(None),
+                notifier: Some(session.notifier()),
+                pending: Mutex::new(Some(session)),
+                keeper,
+                handed_over: AtomicBool::new(false),
+                fills: Mutex::new(HashMap::new()),
+                fill_budget: Arc::new(FillShared::new(cfg.fill.concurrency)),
+                cfg,
+            }));
+        }
+        let session =
+            Session::new(WeenvFs { st: st.clone() }, &cfg.mountpoint, &fc).map_err(mount_err)?;
+        if let Some(k) = &keeper {
+            let init = (*st.init.lock()).unwrap_or(crate::handover::InitParams {
+                major: 7,
+                minor: 0,
+                flags: 0,
+            });
+            let meta = SessionMeta {
+                version: META_VERSION,
                 mountpoint: cfg.mountpoint.clone(),
-                error: source,
-            })?;
+                init,
+                slots: Default::default(),
+                takeovers: 0,
+            };
+            match k.put(session.as_fd(), meta) {
+                Ok(()) => tracing::info!("the keeper holds the FUSE session: running containers survive a restart of this daemon"),
+                Err(e) => {
+                    tracing::warn!(error = %e, "the keeper refused the FUSE session: running containers will not survive a restart");
+                    keeper = None;
+                }
+            }
+        }
         let notifier = Some(session.notifier());
+        let session = session.spawn().map_err(mount_err)?;
         {
             // Off the start path: the probe holds one lookup for a few hundred ms.
             let (st, mp) = (st.clone(), cfg.mountpoint.clone());
@@ -272,6 +404,9 @@ impl LayerStore {
         Ok(Arc::new(LayerStore {
             st,
             session: Mutex::new(Some(session)),
+            pending: Mutex::new(None),
+            keeper,
+            handed_over: AtomicBool::new(false),
             notifier,
             fills: Mutex::new(HashMap::new()),
             fill_budget: Arc::new(FillShared::new(cfg.fill.concurrency)),
@@ -312,7 +447,7 @@ impl LayerStore {
         claim: Option<Digest>,
         reload: Option<TocReload>,
     ) -> Result<PathBuf, LayerError> {
-        if self.session.lock().is_none() {
+        if self.session.lock().is_none() && self.pending.lock().is_none() {
             return Err(LayerError::ShutDown);
         }
         if self.has_layer(digest) {
@@ -330,18 +465,24 @@ impl LayerStore {
                 });
             }
         }
-        let slot = {
+        let (slot, new) = {
             let mut g = self.st.layers.write();
             match g.slot_of.get(digest) {
-                Some(s) => *s,
+                Some(s) => (*s, false),
                 None => {
                     let s = g.by_slot.len() as u32;
                     g.slot_of.insert(digest.clone(), s);
                     g.by_slot.push(None);
-                    s
+                    (s, true)
                 }
             }
         };
+        if let (true, Some(k)) = (new, &self.keeper) {
+            // Recorded before the layer is visible: no inode of it reaches the kernel first.
+            if let Err(e) = k.slot(digest.as_str(), slot) {
+                tracing::warn!(error = %e, layer = %digest, "the keeper did not record the layer's slot; a successor cannot serve it");
+            }
+        }
         let reload: TocReload = match reload {
             Some(r) => r,
             None => {
@@ -706,11 +847,65 @@ impl LayerStore {
         &self.cfg.mountpoint
     }
 
-    /// Stops fills and unmounts the session (lazily if it is still in use).
-    pub fn shutdown(&self) {
+    /// Starts serving a taken-over session (after the layers were added again): the FUSE
+    /// workers start reading, and the kernel queues again what the previous daemon read
+    /// but never answered. No-op for a session this store mounted.
+    pub fn serve(&self) -> Result<(), LayerError> {
+        let Some(session) = self.pending.lock().take() else {
+            return Ok(());
+        };
+        let err = |error| LayerError::Mount {
+            mountpoint: self.cfg.mountpoint.clone(),
+            error,
+        };
+        let fd = session.as_fd().try_clone_to_owned().map_err(err)?;
+        let bg = session.spawn().map_err(err)?;
+        *self.session.lock() = Some(bg);
+        match resume::notify_resend(fd.as_fd()) {
+            Ok(()) => tracing::info!(
+                layers = self.all_layers().len(),
+                "serving the taken-over FUSE session (unanswered requests re-queued)"
+            ),
+            Err(e) => {
+                tracing::warn!(error = %e, "FUSE_NOTIFY_RESEND failed (Linux < 6.9?): requests the previous daemon read are never answered")
+            }
+        }
+        Ok(())
+    }
+
+    /// True if a keeper holds the session: [`Self::hand_over`] keeps containers running.
+    pub fn can_hand_over(&self) -> bool {
+        self.keeper.is_some()
+    }
+
+    /// Leaves the session to the keeper for the next daemon (planned restart or upgrade):
+    /// stops fills, never unmounts. The FUSE workers keep answering until the process
+    /// exits; what they read and did not answer, the successor gets again.
+    pub fn hand_over(&self) {
         for (_, h) in self.fills.lock().drain() {
             h.abort();
         }
+        self.handed_over.store(true, Ordering::Release);
+        if let Some(s) = self.session.lock().take() {
+            // Dropping it would unmount.
+            std::mem::forget(s);
+        }
+        if let Some(s) = self.pending.lock().take() {
+            std::mem::forget(s);
+        }
+        tracing::info!(mountpoint = %self.cfg.mountpoint.display(), "FUSE session left to the keeper for the next daemon");
+    }
+
+    /// Stops fills and unmounts the session (lazily if it is still in use); the keeper, if
+    /// any, forgets it.
+    pub fn shutdown(&self) {
+        if self.handed_over.load(Ordering::Acquire) {
+            return;
+        }
+        for (_, h) in self.fills.lock().drain() {
+            h.abort();
+        }
+        drop(self.pending.lock().take());
         let Some(session) = self.session.lock().take() else {
             return;
         };
@@ -718,11 +913,33 @@ impl LayerStore {
             tracing::warn!(error = %e, mountpoint = %self.cfg.mountpoint.display(), "unmount failed; detaching lazily");
             let _ = nix::mount::umount2(&self.cfg.mountpoint, nix::mount::MntFlags::MNT_DETACH);
         }
+        if let Some(k) = &self.keeper {
+            if let Err(e) = k.release() {
+                tracing::warn!(error = %e, "the keeper did not forget the unmounted session");
+            }
+        }
     }
 }
 
 impl Drop for LayerStore {
     fn drop(&mut self) {
         self.shutdown();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_the_fuse_mount_in_mountinfo() {
+        let mi = "22 27 0:21 / /proc rw,relatime - proc proc rw\n\
+                  90 27 0:55 / /var/lib/weenv/mnt ro,nosuid - fuse.weenv weenv ro,user_id=0\n\
+                  91 27 0:56 / /a\\040b rw - fuse.weenv weenv rw\n\
+                  92 27 8:1 / /var/lib/weenv/other rw - ext4 /dev/sda1 rw\n";
+        assert!(fuse_mounted_at(mi, Path::new("/var/lib/weenv/mnt")));
+        assert!(fuse_mounted_at(mi, Path::new("/a b")));
+        assert!(!fuse_mounted_at(mi, Path::new("/var/lib/weenv/other")));
+        assert!(!fuse_mounted_at(mi, Path::new("/var/lib/weenv")));
     }
 }

@@ -26,6 +26,7 @@ mod error_messages;
 pub mod fetch;
 pub mod fs;
 pub mod grpc;
+pub mod handover;
 pub mod http;
 pub mod layers;
 pub mod metrics;

@@ -1,6 +1,6 @@
 //! `weenv-snapshotter`: containerd proxy snapshotter daemon (thin wiring over the library).
 
-use clap::Parser;
+use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 use weenv_snapshotter::config::{Config, LogFormat, DEFAULT_CONFIG_PATH};
 
@@ -19,12 +19,66 @@ struct Args {
     /// Check the config and exit.
     #[arg(long)]
     check_config: bool,
+    #[command(subcommand)]
+    cmd: Option<Cmd>,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Hold the daemon's FUSE session across its restarts (started by the daemon when
+    /// `fuse.handover` is on, or on its own, e.g. as a DaemonSet of its own).
+    Keeper {
+        /// The keeper's socket. Default: `fuse.keeper_socket` of the config.
+        #[arg(long)]
+        socket: Option<PathBuf>,
+        /// Abort the kept session after this many seconds without a daemon. Default:
+        /// `fuse.keeper_timeout_secs` of the config.
+        #[arg(long)]
+        timeout_secs: Option<u64>,
+        /// Exit once nothing is kept and no daemon connected for the timeout (a keeper the
+        /// daemon started); without it the keeper stays (a keeper run by a supervisor).
+        #[arg(long)]
+        exit_when_idle: bool,
+    },
+}
+
+/// Runs the keeper (the config gives defaults).
+fn keeper(
+    cfg: &Config,
+    socket: Option<PathBuf>,
+    timeout: Option<u64>,
+    exit_when_idle: bool,
+) -> std::process::ExitCode {
+    use weenv_snapshotter::handover::keeper;
+    let socket = socket.unwrap_or_else(|| cfg.keeper_socket());
+    let timeout = std::time::Duration::from_secs(timeout.unwrap_or(cfg.fuse.keeper_timeout_secs));
+    let res = keeper::bind(&socket).and_then(|l| {
+        tracing::info!(socket = %socket.display(), pid = std::process::id(), "FUSE session keeper listening");
+        keeper::run(l, timeout, exit_when_idle)
+    });
+    match res {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = %e, "keeper failed");
+            eprintln!("weenv-snapshotter keeper: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
 }
 
 fn main() -> std::process::ExitCode {
     let args = Args::parse();
+    // A keeper told its socket needs no config file (the daemon starts it that way).
+    let keeper_alone = matches!(
+        &args.cmd,
+        Some(Cmd::Keeper {
+            socket: Some(_),
+            ..
+        })
+    ) && !args.config.exists();
     let mut cfg = match Config::load(&args.config) {
         Ok(c) => c,
+        Err(_) if keeper_alone => Config::default(),
         Err(e) => {
             eprintln!("weenv-snapshotter: {e}");
             return std::process::ExitCode::from(2);
@@ -53,6 +107,14 @@ fn main() -> std::process::ExitCode {
     match cfg.log_format {
         LogFormat::Json => b.json().init(),
         LogFormat::Text => b.init(),
+    }
+    if let Some(Cmd::Keeper {
+        socket,
+        timeout_secs,
+        exit_when_idle,
+    }) = args.cmd
+    {
+        return keeper(&cfg, socket, timeout_secs, exit_when_idle);
     }
     weenv_snapshotter::layers::tune_allocator();
     let rt = match tokio::runtime::Builder::new_multi_thread()

@@ -46,6 +46,17 @@ impl Daemon {
         opts: &DaemonOptions,
         hosts_toml: &[(String, String)],
     ) -> Result<Daemon> {
+        Self::start_with_extra(root, opts, hosts_toml, "")
+    }
+
+    /// Like [`Daemon::start_with_hosts_toml`], plus `extra` appended to the config (whole
+    /// sections, e.g. `[fuse]\nhandover = true\n`).
+    pub fn start_with_extra(
+        root: &Path,
+        opts: &DaemonOptions,
+        hosts_toml: &[(String, String)],
+        extra: &str,
+    ) -> Result<Daemon> {
         std::fs::create_dir_all(root)?;
         let socket = root.join("snap.sock");
         let port = free_port()?;
@@ -60,7 +71,7 @@ impl Daemon {
             "version = 1\nroot_dir = {root:?}\nsocket = {sock:?}\nlog_level = \"info,weenv_snapshotter=debug\"\n\
              [registry]\nplain_http = [{hosts}]\nhosts_dir = {hd:?}\n\
              [cache]\nmemory_bytes = 67108864\ndisk_bytes = 4294967296\n\
-             [fill]\nenabled = {fill}\n{fill_extra}\n[observability]\nlisten = {status_addr:?}\n",
+             [fill]\nenabled = {fill}\n{fill_extra}\n[observability]\nlisten = {status_addr:?}\n{extra}",
             root = root.join("state").display().to_string(),
             sock = socket.display().to_string(),
             hosts = hosts.join(", "),
@@ -149,6 +160,28 @@ impl Daemon {
             let _ = c.wait();
         }
         self.spawn()
+    }
+
+    /// SIGTERM the daemon, wait for it to exit (no unmount: with `fuse.handover` the keeper
+    /// keeps the session) and start it again; returns the time from the signal until the
+    /// new daemon's socket answered.
+    pub fn term_and_restart(&mut self) -> Result<Duration> {
+        let t = Instant::now();
+        if let Some(mut c) = self.child.take() {
+            let pid = nix::unistd::Pid::from_raw(c.id() as i32);
+            nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM)?;
+            c.wait()?;
+        }
+        self.spawn()?;
+        Ok(t.elapsed())
+    }
+
+    /// `kill -9` the daemon and start it again right away (without clearing its mount);
+    /// returns the time from the kill until the new daemon's socket answered.
+    pub fn kill_and_restart(&mut self) -> Result<Duration> {
+        let t = Instant::now();
+        self.crash_and_restart()?;
+        Ok(t.elapsed())
     }
 
     /// Run the `weenv` CLI with this daemon's config; fails on a non-zero exit.

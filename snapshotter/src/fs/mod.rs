@@ -103,6 +103,12 @@ impl WeenvFs {
 
 impl Filesystem for WeenvFs {
     fn init(&mut self, _req: &Request, cfg: &mut KernelConfig) -> std::io::Result<()> {
+        let abi = cfg.kernel_abi();
+        *self.st.init.lock() = Some(crate::handover::InitParams {
+            major: abi.0,
+            minor: abi.1,
+            flags: cfg.capabilities().bits(),
+        });
         if self.st.passthrough.enabled {
             match cfg.add_capabilities(InitFlags::FUSE_PASSTHROUGH) {
                 Ok(()) => {

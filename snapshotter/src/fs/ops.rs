@@ -41,6 +41,8 @@ pub struct FsState {
     pub mounted_at: SystemTime,
     /// The INTERRUPT probe run right after mounting (see [`super::interrupt`]).
     pub probe: super::interrupt::ProbeSlot,
+    /// What the kernel offered in FUSE INIT (kept for a successor, see [`crate::handover`]).
+    pub init: parking_lot::Mutex<Option<crate::handover::InitParams>>,
 }
 
 /// What a read needs: the layer, the clipped chunks and the distinct frames.

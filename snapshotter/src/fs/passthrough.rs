@@ -91,6 +91,12 @@ impl Passthrough {
         }
     }
 
+    /// File handles count on from `base` (a successor starts above its predecessor's
+    /// handles, which the kernel may still release).
+    pub fn set_fh_base(&self, base: u64) {
+        self.next_fh.store(base.max(1), Ordering::Relaxed);
+    }
+
     /// Passthrough is configured and supported.
     pub fn active(&self) -> bool {
         self.enabled && self.available.load(Ordering::Relaxed)
@@ -329,6 +335,11 @@ impl Passthrough {
         } else {
             self.open.lock().remove(&fh)
         };
+        if fh != 0 && handle.is_none() {
+            // A handle of the daemon this one took the session over from: its open state
+            // and pinned copy died with it.
+            return;
+        }
         let was_pt = handle.is_some();
         if let Some((_, Some((layer, node)))) = handle {
             l2.unpin_file(&layer, node);
