@@ -92,9 +92,14 @@ pub enum Cmd {
 pub struct RunArgs {
     /// Plan file (TOML).
     pub plan: PathBuf,
-    /// Reference to publish the composed image to (the groups' registry).
+    /// Name of the composed image in containerd, a reference (a `blob =` patch is read from
+    /// its repository). Nothing is pushed there unless --publish.
     #[arg(long)]
     pub image: String,
+    /// Also push the composed manifest and config to --image (needs push credentials; for
+    /// nodes that pull it with stock clients). Default: composed on this node only.
+    #[arg(long)]
+    pub publish: bool,
     #[arg(short, long, default_value = "default")]
     pub namespace: String,
     #[arg(short, long, default_value = "/run/containerd/containerd.sock")]
@@ -125,8 +130,8 @@ pub struct RunArgs {
     /// Re-resolve every group tag now.
     #[arg(long)]
     pub refresh: bool,
-    /// Print the time of each step (resolve, compose, publish, pull, prepare, mutate, create,
-    /// start, exit, cleanup).
+    /// Print the time of each step (resolve, compose, [publish,] layers, prepare, mutate,
+    /// create, start, exit, cleanup).
     #[arg(short = 'v', long)]
     pub timings: bool,
     /// Command (default: the image's).
@@ -229,6 +234,7 @@ pub async fn run(cli: Cli) -> Result<()> {
             let o = crate::run::RunOptions {
                 plan: a.plan,
                 image: a.image,
+                publish: a.publish,
                 address: a.address,
                 namespace: a.namespace,
                 snapshotter: a.snapshotter,
@@ -248,10 +254,13 @@ pub async fn run(cli: Cli) -> Result<()> {
             };
             let rep = crate::run::run_plan(&registry, &o).await?;
             eprintln!(
-                "weenv run: {} compose {:.1} ms, pull {:.1} ms, mutation {:.1} ms (apply {:.2} ms), exit {}",
+                "weenv run: {} compose {:.1} ms, layers {:.1} ms ({} lazy, {} applied, {} present), mutation {:.1} ms (apply {:.2} ms), exit {}",
                 rep.manifest_digest,
                 rep.compose_ms,
-                rep.pull_ms,
+                rep.layers_ms,
+                rep.layers.0,
+                rep.layers.1,
+                rep.layers.2,
                 rep.mutation_ms,
                 rep.mutation_apply_ms,
                 rep.exit_code

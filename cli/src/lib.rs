@@ -8,8 +8,9 @@
 //! - [`pull`]: `weenv pull`: manifest and config into containerd's content store, every layer
 //!   prepared through containerd with the remote-snapshot labels (a weenv layer becomes a lazy
 //!   remote snapshot, any other layer is fetched and applied).
-//! - [`run`]: `weenv run PLAN`: compose and publish the plan's image (`weenv-converter`), pull
-//!   it lazily, apply the at-init mutation into the container's rootfs, run the task — all
+//! - [`run`]: `weenv run PLAN`: compose the plan's image on the node (content store + image
+//!   record, no registry write), prepare its layers lazily, apply the at-init mutation into the
+//!   container's rootfs, run the task — all
 //!   through containerd's Leases/Snapshots/Containers/Tasks API and `nix` mounts, no `ctr`,
 //!   `mount` or `umount` process.
 

@@ -226,10 +226,16 @@ impl Ctd {
         }
     }
 
-    /// Write `data` (digest `d`) into the content store unless present.
-    async fn write_content(&self, d: &str, data: Bytes) -> Result<(), PullError> {
+    /// Write `data` (digest `d`) into the content store with `labels` (set on the commit; on
+    /// content already present, by an update).
+    pub(crate) async fn write_content(
+        &self,
+        d: &str,
+        data: Bytes,
+        labels: BTreeMap<String, String>,
+    ) -> Result<(), PullError> {
         if self.content_exists(d).await? {
-            return Ok(());
+            return self.set_labels(d, labels).await;
         }
         const CHUNK: usize = 1 << 20;
         let total = data.len() as i64;
@@ -256,27 +262,32 @@ impl Ctd {
             expected: d.to_string(),
             offset: total,
             data: Vec::new(),
-            labels: HashMap::new(),
+            labels: labels.clone().into_iter().collect(),
         });
         let r = ContentClient::new(self.ch.clone())
             .write(self.req(futures::stream::iter(msgs)))
             .await;
         let mut stream = match r {
             Ok(s) => s.into_inner(),
-            Err(s) if s.code() == Code::AlreadyExists => return Ok(()),
+            Err(s) if s.code() == Code::AlreadyExists => return self.set_labels(d, labels).await,
             Err(s) => return Err(ctd("content write")(s)),
         };
         loop {
             match stream.message().await {
                 Ok(Some(_)) => {}
                 Ok(None) => return Ok(()),
-                Err(s) if s.code() == Code::AlreadyExists => return Ok(()),
+                Err(s) if s.code() == Code::AlreadyExists => {
+                    return self.set_labels(d, labels).await
+                }
                 Err(s) => return Err(ctd("content write")(s)),
             }
         }
     }
 
     async fn set_labels(&self, d: &str, labels: BTreeMap<String, String>) -> Result<(), PullError> {
+        if labels.is_empty() {
+            return Ok(());
+        }
         let paths = labels.keys().map(|k| format!("labels.{k}")).collect();
         ContentClient::new(self.ch.clone())
             .update(self.req(UpdateRequest {
@@ -293,6 +304,26 @@ impl Ctd {
     }
 }
 
+/// `containerd.io/distribution.source.<registry>` = the repositories (comma-separated) content
+/// can be fetched from, as containerd's fetcher records them (a later push mounts from there).
+pub fn distribution_source_labels<'a>(
+    refs: impl IntoIterator<Item = &'a Reference>,
+) -> BTreeMap<String, String> {
+    let mut by_host: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for r in refs {
+        let repos = by_host
+            .entry(format!(
+                "containerd.io/distribution.source.{}",
+                r.registry()
+            ))
+            .or_default();
+        if !repos.iter().any(|x| x == r.repository()) {
+            repos.push(r.repository().to_string());
+        }
+    }
+    by_host.into_iter().map(|(k, v)| (k, v.join(","))).collect()
+}
+
 /// Process id + wall-clock nanoseconds: unique across concurrent pulls on a node.
 fn unique() -> String {
     let nanos = SystemTime::now()
@@ -302,7 +333,7 @@ fn unique() -> String {
     format!("{}-{nanos}", std::process::id())
 }
 
-fn cdesc(media_type: &str, digest: &str, size: u64) -> CDescriptor {
+pub(crate) fn cdesc(media_type: &str, digest: &str, size: u64) -> CDescriptor {
     CDescriptor {
         media_type: media_type.to_string(),
         digest: digest.to_string(),
@@ -422,26 +453,106 @@ async fn pull_leased(
             ),
         });
     }
-    c.write_content(manifest.config.digest.as_str(), cfg_bytes)
+    c.write_content(manifest.config.digest.as_str(), cfg_bytes, BTreeMap::new())
         .await?;
+    let sources = vec![
+        LayerSource {
+            reference: r.clone(),
+            manifest: mblob.digest.to_string(),
+        };
+        manifest.layers.len()
+    ];
+    let mut report = prepare_layers(
+        registry,
+        c,
+        &manifest,
+        diff_ids,
+        &sources,
+        &opts.snapshotter,
+    )
+    .await?;
+    report.manifest = mblob.digest.to_string();
+    label_config_snapshot(c, &manifest, &opts.snapshotter, &report.top_chain_id).await?;
+    c.write_content(
+        mblob.digest.as_str(),
+        mblob.bytes.clone(),
+        manifest_gc_labels(&manifest),
+    )
+    .await?;
+    if top.digest != mblob.digest {
+        let mut il = BTreeMap::new();
+        if let Manifest::Index(ix) = top.parse()? {
+            for (i, m) in ix.manifests.iter().enumerate() {
+                il.insert(
+                    format!("containerd.io/gc.ref.content.m.{i}"),
+                    m.digest.to_string(),
+                );
+            }
+        }
+        c.write_content(top.digest.as_str(), top.bytes.clone(), il)
+            .await?;
+    }
+    let name = opts.image_name.clone().unwrap_or_else(|| r.to_string());
+    put_image(
+        c,
+        &name,
+        cdesc(&top.media_type, top.digest.as_str(), top.bytes.len() as u64),
+    )
+    .await?;
+    info!(image = %name, remote = report.remote_layers, applied = report.applied_layers,
+        present = report.present_layers, "pulled");
+    report.image = name;
+    Ok(report)
+}
+
+/// Where a layer's blob lives: the reference it is fetched from (the daemon's
+/// `cri.image-ref` label) and the manifest that lists it there (`cri.manifest-digest`: the
+/// daemon reads the layer's TOC hint, start-up profile and claimed diff_id from it).
+#[derive(Clone, Debug)]
+pub struct LayerSource {
+    pub reference: Reference,
+    pub manifest: String,
+}
+
+/// Every layer of `manifest` as a snapshot (bottom up, by chain id): present ones are kept,
+/// weenv layers become remote (lazy) snapshots through the snapshotter, any other layer is
+/// fetched from its source into the content store and applied. The report's `top_chain_id`
+/// is the image's rootfs parent. Runs under the caller's lease.
+pub(crate) async fn prepare_layers(
+    registry: &Client,
+    c: &Ctd,
+    manifest: &ImageManifest,
+    diff_ids: &[String],
+    sources: &[LayerSource],
+    snapshotter: &str,
+) -> Result<PullReport, PullError> {
+    if diff_ids.len() != manifest.layers.len() || sources.len() != manifest.layers.len() {
+        return Err(PullError::Config {
+            digest: manifest.config.digest.to_string(),
+            message: format!(
+                "{} diff_ids and {} sources for {} layers",
+                diff_ids.len(),
+                sources.len(),
+                manifest.layers.len()
+            ),
+        });
+    }
     let chains = chain_ids(diff_ids);
     let layer_digests: Vec<String> = manifest
         .layers
         .iter()
         .map(|l| l.digest.to_string())
         .collect();
-    let mut report = PullReport {
-        manifest: mblob.digest.to_string(),
-        ..Default::default()
-    };
+    let mut report = PullReport::default();
     let snaps = SnapshotsClient::new(c.ch.clone());
     let mut parent = String::new();
     for (i, layer) in manifest.layers.iter().enumerate() {
         let chain = &chains[i];
+        let src = &sources[i];
         let exists = snaps
             .clone()
             .stat(c.req(StatSnapshotRequest {
-                snapshotter: opts.snapshotter.clone(),
+                snapshotter: snapshotter.to_string(),
                 key: chain.clone(),
             }))
             .await;
@@ -457,26 +568,26 @@ async fn pull_leased(
         let key = format!("extract-weenv-{}-{} {chain}", unique(), i);
         let labels = layer_labels(
             chain,
-            &r.to_string(),
+            &src.reference.to_string(),
             layer.digest.as_str(),
-            mblob.digest.as_str(),
+            &src.manifest,
             &layer_digests,
         );
-        match c.prepare(&opts.snapshotter, &key, &parent, labels).await {
+        match c.prepare(snapshotter, &key, &parent, labels).await {
             Err(s) if s.code() == Code::AlreadyExists => {
                 debug!(layer = %layer.digest, chain, "remote snapshot");
                 report.remote_layers += 1;
             }
             Err(s) => return Err(ctd("snapshot prepare")(s)),
             Ok(mounts) => {
-                let applied = apply_layer(registry, c, r, layer, mounts)
+                let applied = apply_layer(registry, c, &src.reference, layer, mounts)
                     .await
                     .and_then(|actual| check_diff_id(layer.digest.as_str(), &diff_ids[i], actual));
                 let done = match applied {
                     Ok(()) => snaps
                         .clone()
                         .commit(c.req(CommitSnapshotRequest {
-                            snapshotter: opts.snapshotter.clone(),
+                            snapshotter: snapshotter.to_string(),
                             name: chain.clone(),
                             key: key.clone(),
                             labels: HashMap::new(),
@@ -490,7 +601,7 @@ async fn pull_leased(
                     let _ = snaps
                         .clone()
                         .remove(c.req(RemoveSnapshotRequest {
-                            snapshotter: opts.snapshotter.clone(),
+                            snapshotter: snapshotter.to_string(),
                             key,
                         }))
                         .await;
@@ -501,41 +612,31 @@ async fn pull_leased(
         }
         parent = chain.clone();
     }
-    report.top_chain_id = parent.clone();
-    // GC references: config -> top snapshot; manifest -> config + layers; index -> manifest.
+    report.top_chain_id = parent;
+    Ok(report)
+}
+
+/// GC reference config -> the image's top snapshot (`gc.ref.snapshot.<snapshotter>`).
+pub(crate) async fn label_config_snapshot(
+    c: &Ctd,
+    manifest: &ImageManifest,
+    snapshotter: &str,
+    top_chain_id: &str,
+) -> Result<(), PullError> {
     let mut cl = BTreeMap::new();
     cl.insert(
-        format!("containerd.io/gc.ref.snapshot.{}", opts.snapshotter),
-        parent,
+        format!("containerd.io/gc.ref.snapshot.{snapshotter}"),
+        top_chain_id.to_string(),
     );
-    c.set_labels(manifest.config.digest.as_str(), cl).await?;
-    c.write_content(mblob.digest.as_str(), mblob.bytes.clone())
-        .await?;
-    c.set_labels(mblob.digest.as_str(), manifest_gc_labels(&manifest))
-        .await?;
-    if top.digest != mblob.digest {
-        c.write_content(top.digest.as_str(), top.bytes.clone())
-            .await?;
-        let mut il = BTreeMap::new();
-        if let Manifest::Index(ix) = top.parse()? {
-            for (i, m) in ix.manifests.iter().enumerate() {
-                il.insert(
-                    format!("containerd.io/gc.ref.content.m.{i}"),
-                    m.digest.to_string(),
-                );
-            }
-        }
-        c.set_labels(top.digest.as_str(), il).await?;
-    }
-    let name = opts.image_name.clone().unwrap_or_else(|| r.to_string());
+    c.set_labels(manifest.config.digest.as_str(), cl).await
+}
+
+/// Create the image record `name` -> `target`, or update it if it exists.
+pub(crate) async fn put_image(c: &Ctd, name: &str, target: CDescriptor) -> Result<(), PullError> {
     let image = Image {
-        name: name.clone(),
+        name: name.to_string(),
         labels: HashMap::new(),
-        target: Some(cdesc(
-            &top.media_type,
-            top.digest.as_str(),
-            top.bytes.len() as u64,
-        )),
+        target: Some(target),
         created_at: None,
         updated_at: None,
     };
@@ -547,7 +648,7 @@ async fn pull_leased(
         }))
         .await;
     match created {
-        Ok(_) => {}
+        Ok(_) => Ok(()),
         Err(s) if s.code() == Code::AlreadyExists => {
             images
                 .update(c.req(UpdateImageRequest {
@@ -557,13 +658,10 @@ async fn pull_leased(
                 }))
                 .await
                 .map_err(ctd("image update"))?;
+            Ok(())
         }
-        Err(s) => return Err(ctd("image create")(s)),
+        Err(s) => Err(ctd("image create")(s)),
     }
-    info!(image = %name, remote = report.remote_layers, applied = report.applied_layers,
-        present = report.present_layers, "pulled");
-    report.image = name;
-    Ok(report)
 }
 
 /// The applied layer must be the diff_id the config claims (as containerd's unpacker checks):
@@ -591,7 +689,8 @@ async fn apply_layer(
     let d = layer.digest.as_str();
     if !c.content_exists(d).await? {
         let blob = registry.get_blob(r, &layer.digest).await?;
-        c.write_content(d, blob).await?;
+        c.write_content(d, blob, distribution_source_labels([r]))
+            .await?;
     }
     let resp = DiffClient::new(c.ch.clone())
         .apply(c.req(ApplyRequest {
@@ -621,6 +720,31 @@ mod tests {
             Err(PullError::WrongDiffId { .. })
         ));
         assert!(check_diff_id("sha256:l", &a, None).is_err());
+    }
+
+    #[test]
+    fn distribution_sources_group_repositories_by_registry() {
+        let refs: Vec<Reference> = [
+            "r:5000/weenv/base:1",
+            "r:5000/weenv/repo:1",
+            "r:5000/weenv/base:2",
+            "q.example/x:1",
+        ]
+        .iter()
+        .map(|r| r.parse().unwrap())
+        .collect();
+        let l = distribution_source_labels(&refs);
+        assert_eq!(
+            l.get("containerd.io/distribution.source.r:5000")
+                .map(String::as_str),
+            Some("weenv/base,weenv/repo")
+        );
+        assert_eq!(
+            l.get("containerd.io/distribution.source.q.example")
+                .map(String::as_str),
+            Some("x")
+        );
+        assert_eq!(l.len(), 2);
     }
 
     #[test]

@@ -445,3 +445,153 @@ async fn lazy_upgrade_fetches_only_the_new_harness() -> Result<()> {
     );
     Ok(())
 }
+
+/// `weenv run` (library call `weenv_cli::run::run_plan`): one environment composed on the node.
+async fn weenv_run(
+    p: &Published,
+    ctd: &Containerd,
+    plan: &str,
+    name: &str,
+    out: &Path,
+    cmd: &[&str],
+) -> Result<weenv_cli::run::RunReport> {
+    std::fs::create_dir_all(out)?;
+    let plan_path = p.tmp.path().join(format!("{name}.toml"));
+    std::fs::write(&plan_path, plan)?;
+    let o = weenv_cli::run::RunOptions {
+        plan: plan_path,
+        image: format!("{}/weenv/env:{name}", p.host),
+        publish: false,
+        address: ctd.address().to_path_buf(),
+        namespace: ctd.namespace().to_string(),
+        snapshotter: "weenv".into(),
+        runtime: None,
+        id: Some(format!("run-{name}")),
+        mounts: vec![format!(
+            "type=bind,src={},dst=/out,options=rbind:rw",
+            out.display()
+        )],
+        cmd: cmd.iter().map(|s| s.to_string()).collect(),
+        keep: false,
+        stdio: weenv_cli::run::stdio::StdioMode::Output,
+        cache_dir: p.tmp.path().join("resolve-cache"),
+        policy: ResolvePolicy::default(),
+    };
+    let rep = weenv_cli::run::run_plan(&p.client, &o).await?;
+    println!(
+        "{name}: layers (lazy, applied, present) {:?}; steps: {}",
+        rep.layers,
+        rep.timings.render()
+    );
+    ensure!(rep.exit_code == 0, "{name}: exit {}", rep.exit_code);
+    Ok(rep)
+}
+
+/// Requests that write to the registry (anything but GET and HEAD).
+fn registry_writes(p: &Published) -> Vec<String> {
+    p.proxy
+        .stats()
+        .requests()
+        .into_iter()
+        .filter(|r| r.method != "GET" && r.method != "HEAD")
+        .map(|r| format!("{} {}", r.method, r.path))
+        .collect()
+}
+
+/// `weenv run` composes each plan on the node (manifest and config into containerd's content
+/// store, image record) and never writes to the registry; the environments run with the
+/// right content (rewards); a stack that shares every layer with stacks already on the node,
+/// some under another parent, fetches nothing: no TOC, no byte of any layer.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs root, containerd, runc, fuse, docker-registry, skopeo, umoci, weenv-snapshotter"]
+async fn weenv_run_composes_on_the_node_without_registry_writes() -> Result<()> {
+    require_root_and_bins(E2E_BINS)?;
+    let p = publish_groups().await?;
+    let (daemon, ctd) = snapshotter_common::lazy_stack(&p.tmp.path().join("snap"), &p.host)?;
+    let with_log = |e: anyhow::Error| e.context(format!("daemon log:\n{}", daemon.log()));
+
+    p.proxy.stats().clear();
+    let out1 = p.tmp.path().join("out1");
+    let r1 = weenv_run(&p, &ctd, &p.plan("1"), "calc-1-h1", &out1, &[])
+        .await
+        .map_err(with_log)?;
+    check_run(&out1, 1)?;
+    ensure!(r1.layers.0 > 0, "no lazy layer: {:?}", r1.layers);
+    let writes = registry_writes(&p);
+    ensure!(writes.is_empty(), "weenv run wrote: {writes:#?}");
+    let images = ctd.ctr_ok(&["images", "ls", "-q"])?;
+    ensure!(images.contains("weenv/env:calc-1-h1"), "{images}");
+    ensure!(
+        p.client
+            .get_manifest(&parse_ref(&format!("{}/weenv/env:calc-1-h1", p.host))?)
+            .await
+            .is_err(),
+        "the composed image is in the registry"
+    );
+
+    // harness:2: only its layer is fetched; the evaluator layer above it is reused under
+    // its new parent
+    let h2r = p.publish_harness2().await?;
+    p.proxy.stats().clear();
+    let out2 = p.tmp.path().join("out2");
+    weenv_run(&p, &ctd, &p.plan("2"), "calc-1-h2", &out2, &[])
+        .await
+        .map_err(with_log)?;
+    check_run(&out2, 2)?;
+    let writes = registry_writes(&p);
+    ensure!(writes.is_empty(), "weenv run wrote: {writes:#?}");
+    let harness_layer = h2r.layers[0].0.to_string();
+    let reqs = p.proxy.stats().requests();
+    let other_blob_bytes: u64 = reqs
+        .iter()
+        .filter(|r| r.path.contains("/blobs/sha256:") && !r.path.contains(&harness_layer))
+        .filter(|r| r.response_bytes > 4096) // configs are < 4 KiB; no layer range is
+        .map(|r| r.response_bytes)
+        .sum();
+    let fetched: u64 = reqs.iter().map(|r| r.response_bytes).sum();
+    println!(
+        "calc-1-h2: {} registry requests, {fetched} bytes (harness layer {} bytes)",
+        reqs.len(),
+        h2r.layers[0].1
+    );
+    ensure!(other_blob_bytes == 0, "shared layers fetched: {reqs:#?}");
+
+    // base + task + mutation + evaluator, without a harness: the evaluator's layer now sits
+    // on another parent than in both stacks before; every layer is on the node
+    p.proxy.stats().clear();
+    let plan3 = format!(
+        "version = 1\ngroups = [\"{h}/weenv/base:1\", \"{h}/weenv/task-calc:1\", \"{h}/weenv/eval:1\"]\n\
+         [mutation]\nmode = \"pre-applied\"\ngroup = \"{h}/weenv/task-calc-1:1\"\n",
+        h = p.host
+    );
+    let out3 = p.tmp.path().join("out3");
+    let r3 = weenv_run(
+        &p,
+        &ctd,
+        &plan3,
+        "calc-1-noh",
+        &out3,
+        &[
+            "/bin/sh",
+            "-c",
+            // shell builtins only: files the runs before read already (no demand read)
+            "test -x /eval/run.sh && while read -r l; do case \"$l\" in 'def sub'*) echo 1 > /out/sub;; esac; done < /src/proj/calc.py",
+        ],
+    )
+    .await
+    .map_err(with_log)?;
+    ensure!(read(&out3, "sub").trim() == "1", "{:?}", read(&out3, "sub"));
+    let reqs = p.proxy.stats().requests();
+    let bytes: u64 = reqs.iter().map(|r| r.response_bytes).sum();
+    println!(
+        "calc-1-noh (every layer on the node, the evaluator under a new parent): {} registry requests, {bytes} bytes; layers {:?}",
+        reqs.len(),
+        r3.layers
+    );
+    ensure!(r3.layers.1 == 0, "layers applied: {:?}", r3.layers);
+    ensure!(
+        reqs.is_empty(),
+        "a stack of layers already on the node reached the registry: {reqs:#?}"
+    );
+    Ok(())
+}

@@ -1,7 +1,10 @@
 //! At-init mutation through `weenv run` (library entry `weenv_cli::run::run_plan`):
 //! a plan stacks busybox (base group, from an ordinary image) + a repository group and names a
-//! patch; `run_plan` composes, publishes, pulls, creates the container, applies the patch into
-//! its rootfs and starts it. Checked with stock overlayfs and with the weenv snapshotter (lazy):
+//! patch; `run_plan` composes on the node (manifest and config into containerd's content store,
+//! image record; no registry write: the registry sits behind a counting proxy that sees no
+//! PUT/POST/PATCH/DELETE from any run), prepares the layers, creates the container, applies the
+//! patch into its rootfs and starts it. Checked with stock overlayfs and with the weenv
+//! snapshotter (lazy):
 //! - the task sees the patched tree (modified file, new file in a new dir, deletion, mode
 //!   change), identical to what the pre-applied mutation group gives;
 //! - a patch with a rejected hunk fails with an error naming the file and hunk, and no
@@ -22,7 +25,7 @@ use weenv_env::group::{ConfigFragment, GroupKind};
 use weenv_format::writer::WriterOptions;
 use weenv_integration::containerd::{Containerd, ContainerdOptions};
 use weenv_integration::images;
-use weenv_integration::registry::LocalRegistry;
+use weenv_integration::registry::{CountingProxy, LocalRegistry};
 use weenv_integration::util::{require_root_and_bins, E2E_BINS};
 use weenv_registry::Client;
 
@@ -68,18 +71,31 @@ struct Env {
     host: String,
     client: Client,
     tmp: tempfile::TempDir,
+    proxy: CountingProxy,
     _reg: LocalRegistry,
+}
+
+/// Requests that write to the registry (anything but GET and HEAD).
+fn registry_writes(p: &CountingProxy) -> Vec<String> {
+    p.stats()
+        .requests()
+        .into_iter()
+        .filter(|r| r.method != "GET" && r.method != "HEAD")
+        .map(|r| format!("{} {}", r.method, r.path))
+        .collect()
 }
 
 async fn setup(lazy: bool) -> Result<Env> {
     require_root_and_bins(E2E_BINS)?;
     let tmp = tempfile::tempdir()?;
     let reg = LocalRegistry::start(tmp.path())?;
-    let host = reg.host();
+    reg.push(&images::busybox()?, "src/busybox:1")?;
+    // everything else goes through a counting proxy: the runs must not write
+    let proxy = CountingProxy::start(reg.addr())?;
+    let host = proxy.host();
     let client = Client::new(registry_config(std::slice::from_ref(&host)))?;
     let scratch = tmp.path().join("scratch");
     std::fs::create_dir_all(&scratch)?;
-    reg.push(&images::busybox()?, "src/busybox:1")?;
     let spec = |kind, name: &str| GroupSpec {
         kind,
         name: name.into(),
@@ -184,6 +200,7 @@ async fn setup(lazy: bool) -> Result<Env> {
         host,
         client,
         tmp,
+        proxy,
         _reg: reg,
     })
 }
@@ -211,6 +228,7 @@ fn opts(
     RunOptions {
         plan,
         image: image.to_string(),
+        publish: false,
         address: e.ctd.address().to_path_buf(),
         namespace: e.ctd.namespace().to_string(),
         snapshotter: snapshotter.to_string(),
@@ -233,6 +251,7 @@ async fn scenario(lazy: bool) -> Result<()> {
     let snap = if lazy { "weenv" } else { "overlayfs" };
     std::fs::write(e.tmp.path().join("bug.diff"), PATCH)?;
     std::fs::write(e.tmp.path().join("bad.diff"), BAD_PATCH)?;
+    e.proxy.stats().clear();
 
     // at init
     let plan = write_plan(
@@ -256,8 +275,35 @@ async fn scenario(lazy: bool) -> Result<()> {
     .await?;
     ensure!(rep.exit_code == 0, "exit {}", rep.exit_code);
     println!(
-        "{snap}: compose {:.1} ms, pull {:.1} ms, mutation {:.1} ms (apply {:.2} ms)",
-        rep.compose_ms, rep.pull_ms, rep.mutation_ms, rep.mutation_apply_ms
+        "{snap}: compose {:.1} ms, layers {:.1} ms {:?}, mutation {:.1} ms (apply {:.2} ms); {}",
+        rep.compose_ms,
+        rep.layers_ms,
+        rep.layers,
+        rep.mutation_ms,
+        rep.mutation_apply_ms,
+        rep.timings.render()
+    );
+    // composed on the node: the image record and the manifest with its GC and source labels
+    // are in containerd; the registry has no such manifest
+    let name = format!("{}/weenv/env:init", e.host);
+    let images = e.ctd.ctr_ok(&["images", "ls", "-q"])?;
+    ensure!(
+        images.lines().any(|l| l == name),
+        "no image record: {images}"
+    );
+    let content = e.ctd.ctr_ok(&["content", "ls"])?;
+    let mline = content
+        .lines()
+        .find(|l| l.starts_with(&rep.manifest_digest))
+        .with_context(|| format!("composed manifest not in the content store: {content}"))?;
+    ensure!(
+        mline.contains("containerd.io/gc.ref.content.config=")
+            && mline.contains("containerd.io/gc.ref.content.l.0=")
+            && mline.contains(&format!(
+                "containerd.io/distribution.source.{}=weenv/base,weenv/repo",
+                e.host
+            )),
+        "manifest labels: {mline}"
     );
     let tree_init = std::fs::read_to_string(out_init.join("tree"))?;
 
@@ -358,7 +404,7 @@ async fn scenario(lazy: bool) -> Result<()> {
         "{stderr}"
     );
     for step in [
-        "resolve", "pull", "prepare", "mutate", "create", "start", "exit",
+        "resolve", "compose", "layers", "prepare", "mutate", "create", "start", "exit",
     ] {
         ensure!(
             stderr.contains(&format!("{step} ")),
@@ -388,6 +434,16 @@ async fn scenario(lazy: bool) -> Result<()> {
         rep.timings.get(weenv_cli::run::Step::Start).is_some(),
         "{:?}",
         rep.timings
+    );
+    // none of the runs so far wrote to the registry (read-only credentials suffice)
+    let writes = registry_writes(&e.proxy);
+    ensure!(
+        writes.is_empty(),
+        "weenv run wrote to the registry: {writes:#?}"
+    );
+    ensure!(
+        e.client.get_manifest(&parse_ref(&name)?).await.is_err(),
+        "the composed image was published"
     );
 
     // at init from a blob in the image's repository (`weenv-convert plan push-patch`)
@@ -540,6 +596,14 @@ async fn scenario(lazy: bool) -> Result<()> {
     let tasks = e.ctd.ctr_ok(&["tasks", "ls", "-q"])?;
     ensure!(!tasks.contains("mut-bad"), "task started: {tasks}");
     ensure!(!out_bad.join("tree").exists(), "the task ran");
+    // the only writes of the whole scenario: push-patch's blob and the mutation group
+    let writes = registry_writes(&e.proxy);
+    ensure!(
+        writes
+            .iter()
+            .all(|w| w.contains("/weenv/env/blobs/") || w.contains("/weenv/repo-bug/")),
+        "{writes:#?}"
+    );
     Ok(())
 }
 

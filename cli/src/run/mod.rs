@@ -1,22 +1,28 @@
-//! `weenv run PLAN --image REF [-- cmd...]`: compose an environment plan, publish the composed
-//! image (metadata only), pull it lazily through containerd ([`crate::pull`]), prepare the
-//! container's rootfs snapshot, apply the plan's at-init mutation into it, create the container
-//! and its task and start it — all through containerd's gRPC API, no `ctr`, `mount` or
-//! `umount` process.
+//! `weenv run PLAN --image NAME [-- cmd...]`: compose an environment plan on this node —
+//! metadata only, nothing written to a registry (read-only credentials suffice) — prepare its
+//! layers through the snapshotter (lazily), prepare the container's rootfs snapshot, apply the
+//! plan's at-init mutation into it, create the container and its task and start it — all
+//! through containerd's gRPC API, no `ctr`, `mount` or `umount` process.
 //!
-//! Steps (each timed, [`Timings`]): resolve the plan's groups, compose, publish, pull; then
-//! [`create`] (prepare the snapshot, mount it with `nix` to read the image's users and apply
-//! the mutation, build the runtime spec from the image config, create the container and the
-//! task) and [`Task::start`] / [`Task::wait`] / [`Task::remove`]. A mutation that fails
+//! Steps (each timed, [`Timings`]), in [`compose_and_start`]: resolve the plan's groups
+//! (resolution cache, registry on a miss), compose (concatenate their layers; the manifest and
+//! config written into containerd's content store and the image record created, [`image`]),
+//! layers (the image's layer snapshots: a weenv layer already on the node under any other
+//! stack is reused by digest), then [`create`] (prepare the rootfs snapshot, mount it with
+//! `nix` to read the image's users and apply the mutation, build the runtime spec from the
+//! image config, create the container and the task) and [`Task::start`]; [`run_plan`] adds
+//! [`Task::wait`] / [`Task::remove`]. `--publish` also pushes the composed image to NAME (the
+//! old path, for nodes that pull it with stock clients). A mutation that fails
 //! (rejected hunk, missing file, failed checkout) removes the snapshot again and returns the
 //! error: no container is created and no task is ever started on an unpatched rootfs.
 
 pub mod container;
+pub mod image;
 pub mod rootfs;
 pub mod spec;
 pub mod stdio;
 
-use crate::pull::{pull, PullError, PullOptions};
+use crate::pull::{Ctd, PullError};
 use container::{ContainerRecord, Lifecycle, DEFAULT_RUNTIME};
 use oci_spec::image::ImageConfiguration;
 use rootfs::{MountedRootfs, RootfsError};
@@ -48,8 +54,8 @@ pub enum RunError {
     },
     #[error(transparent)]
     Compose(Box<PlanCmdError>),
-    #[error("pulling {image}: {message}")]
-    Pull { image: String, message: String },
+    #[error("connecting to containerd at {address}: {message}")]
+    Connect { address: PathBuf, message: String },
     #[error("composed image config: {0}")]
     Config(String),
     #[error(transparent)]
@@ -82,8 +88,13 @@ impl From<PullError> for RunError {
 #[derive(Clone, Debug)]
 pub struct RunOptions {
     pub plan: PathBuf,
-    /// Reference the composed image is published to (same registry as the groups).
+    /// Name of the composed image in containerd (a reference: a `blob =` patch is read from
+    /// its repository; with `publish`, the composed image is pushed there).
     pub image: String,
+    /// Also push the composed manifest and config to `image` (needs push credentials; the
+    /// layers are mounted from the groups' repositories). Off: nothing is written to any
+    /// registry.
+    pub publish: bool,
     pub address: PathBuf,
     pub namespace: String,
     pub snapshotter: String,
@@ -110,12 +121,14 @@ pub struct RunOptions {
 pub enum Step {
     /// The plan's group references to manifests (resolution cache, registry on a miss).
     Resolve,
-    /// Concatenating the groups into one config and manifest (pure).
+    /// Concatenating the groups into one config and manifest, writing both into containerd's
+    /// content store and creating the image record (metadata only).
     Compose,
-    /// Publishing the composed manifest and config to the registry.
+    /// Publishing the composed manifest and config to the registry (`--publish` only).
     Publish,
-    /// Pulling the composed image through containerd (lazy layers).
-    Pull,
+    /// The image's layer snapshots through the snapshotter (weenv layers: lazy; a layer on
+    /// the node already is reused).
+    Layers,
     /// The container's rootfs snapshot (and reading the image's users from it).
     Prepare,
     /// The at-init mutation: mount, read users, apply, unmount.
@@ -136,7 +149,7 @@ impl Step {
             Step::Resolve => "resolve",
             Step::Compose => "compose",
             Step::Publish => "publish",
-            Step::Pull => "pull",
+            Step::Layers => "layers",
             Step::Prepare => "prepare",
             Step::Mutate => "mutate",
             Step::Create => "create",
@@ -191,9 +204,12 @@ impl Timings {
 #[derive(Clone, Debug, Default)]
 pub struct RunReport {
     pub manifest_digest: String,
-    /// Resolve + compose + publish.
+    /// Resolve + compose (+ publish).
     pub compose_ms: f64,
-    pub pull_ms: f64,
+    /// The image's layer snapshots.
+    pub layers_ms: f64,
+    /// Layers committed as remote (lazy) snapshots, applied, already present.
+    pub layers: (usize, usize, usize),
     /// Whole at-init mutation step (mount, apply, unmount).
     pub mutation_ms: f64,
     /// The patch/checkout application alone.
@@ -493,9 +509,24 @@ impl Task {
     }
 }
 
-/// Resolve, compose, publish, pull, create (with the at-init mutation), start, wait, remove.
-/// Returns the task's exit code and the timings.
-pub async fn run_plan(client: &Client, o: &RunOptions) -> Result<RunReport, RunError> {
+/// A started environment ([`compose_and_start`]).
+pub struct Started {
+    pub task: Task,
+    /// Manifest digest of the composed image.
+    pub manifest_digest: String,
+    /// Layers committed as remote (lazy) snapshots, applied, already present.
+    pub layers: (usize, usize, usize),
+}
+
+/// Resolve the plan's groups, compose them on this node (content store + image record, no
+/// registry write unless `o.publish`), prepare the layers, create the container with the
+/// at-init mutation applied and start its task. The library call of `weenv run`.
+pub async fn compose_and_start(
+    client: &Client,
+    ch: tonic::transport::Channel,
+    o: &RunOptions,
+    tm: &mut Timings,
+) -> Result<Started, RunError> {
     let text = std::fs::read_to_string(&o.plan).map_err(|source| RunError::Read {
         path: o.plan.clone(),
         error: source,
@@ -504,9 +535,6 @@ pub async fn run_plan(client: &Client, o: &RunOptions) -> Result<RunReport, RunE
         path: o.plan.clone(),
         error: Box::new(source),
     })?;
-    let mut report = RunReport::default();
-    let mut timings = Timings::default();
-    let tm = &mut timings;
 
     let t = Instant::now();
     let mut cache = ResolveCache::load(&o.cache_dir);
@@ -518,39 +546,34 @@ pub async fn run_plan(client: &Client, o: &RunOptions) -> Result<RunReport, RunE
     tm.record(Step::Resolve, t.elapsed());
     let t = Instant::now();
     let composed = compose(&groups, &plan).map_err(PlanCmdError::from)?;
-    tm.record(Step::Compose, t.elapsed());
-    let t = Instant::now();
-    publish_composed(client, &groups, &composed, &parse_ref(&o.image)?).await?;
-    tm.record(Step::Publish, t.elapsed());
-    tracing::debug!(digest = %composed.manifest_digest, "composed and published");
-    report.manifest_digest = composed.manifest_digest.to_string();
     let config: ImageConfiguration = serde_json::from_slice(&composed.config_json)
         .map_err(|e| RunError::Config(e.to_string()))?;
-
-    let t = Instant::now();
-    let ch = containerd_client::connect(&o.address)
-        .await
-        .map_err(|e| RunError::Pull {
-            image: o.image.clone(),
-            message: format!("connecting to containerd at {}: {e}", o.address.display()),
-        })?;
-    let popts = PullOptions {
-        namespace: o.namespace.clone(),
-        snapshotter: o.snapshotter.clone(),
-        platform: None,
-        image_name: None,
-    };
-    let pulled = pull(client, ch.clone(), &o.image, &popts)
-        .await
-        .map_err(|e| RunError::Pull {
-            image: o.image.clone(),
-            message: e.to_string(),
-        })?;
-    tm.record(Step::Pull, t.elapsed());
+    let compose_t = t.elapsed();
+    if o.publish {
+        let t = Instant::now();
+        publish_composed(client, &groups, &composed, &parse_ref(&o.image)?).await?;
+        tm.record(Step::Publish, t.elapsed());
+    }
 
     let id =
         o.id.clone()
             .unwrap_or_else(|| format!("weenv-run-{}", std::process::id()));
+    let mut c = Ctd::new(ch.clone(), &o.namespace);
+    let installed = image::store_and_prepare(
+        client,
+        &mut c,
+        &o.image,
+        &groups,
+        &composed,
+        &o.snapshotter,
+        format!("weenv-run-image-{id}"),
+    )
+    .await?;
+    tm.record(Step::Compose, compose_t + installed.store);
+    tm.record(Step::Layers, installed.prepare);
+    tracing::debug!(digest = %composed.manifest_digest, image = %o.image, "composed on the node");
+    let l = &installed.layers;
+
     let plan_dir = o.plan.parent().unwrap_or(Path::new(".")).to_path_buf();
     // Read the patch before creating anything.
     let patch = match plan.init_mutation() {
@@ -559,9 +582,9 @@ pub async fn run_plan(client: &Client, o: &RunOptions) -> Result<RunReport, RunE
     };
     let run = ContainerRun {
         id: &id,
-        image: &pulled.image,
+        image: &o.image,
         config: &config,
-        parent: &pulled.top_chain_id,
+        parent: &l.top_chain_id,
         namespace: &o.namespace,
         snapshotter: &o.snapshotter,
         runtime: o.runtime.as_deref().unwrap_or(DEFAULT_RUNTIME),
@@ -571,15 +594,45 @@ pub async fn run_plan(client: &Client, o: &RunOptions) -> Result<RunReport, RunE
         stdio: o.stdio,
     };
     let mut task = create(ch, &run, tm).await?;
+    if let Err(e) = task.start(tm).await {
+        if let Err(e) = task.remove(tm).await {
+            tracing::warn!(error = %e, "cleaning up the container");
+        }
+        return Err(e);
+    }
+    Ok(Started {
+        task,
+        manifest_digest: composed.manifest_digest.to_string(),
+        layers: (l.remote_layers, l.applied_layers, l.present_layers),
+    })
+}
+
+/// [`compose_and_start`], then wait for the task and (unless `o.keep`) remove it. Returns the
+/// task's exit code and the timings.
+pub async fn run_plan(client: &Client, o: &RunOptions) -> Result<RunReport, RunError> {
+    let ch = containerd_client::connect(&o.address)
+        .await
+        .map_err(|e| RunError::Connect {
+            address: o.address.clone(),
+            message: e.to_string(),
+        })?;
+    let mut timings = Timings::default();
+    let tm = &mut timings;
+    let Started {
+        mut task,
+        manifest_digest,
+        layers,
+    } = compose_and_start(client, ch, o, tm).await?;
+    let mut report = RunReport {
+        manifest_digest,
+        layers,
+        ..Default::default()
+    };
     report.mutation_apply_ms = task
         .mutation_apply
         .map(|d| d.as_secs_f64() * 1e3)
         .unwrap_or(0.0);
-    let outcome = async {
-        task.start(tm).await?;
-        task.wait(o.stdio == StdioMode::Inherit, tm).await
-    }
-    .await;
+    let outcome = task.wait(o.stdio == StdioMode::Inherit, tm).await;
     if !o.keep {
         if let Err(e) = task.remove(tm).await {
             tracing::warn!(error = %e, "cleaning up the container");
@@ -587,7 +640,7 @@ pub async fn run_plan(client: &Client, o: &RunOptions) -> Result<RunReport, RunE
     }
     report.exit_code = outcome?;
     report.compose_ms = timings.ms(&[Step::Resolve, Step::Compose, Step::Publish]);
-    report.pull_ms = timings.ms(&[Step::Pull]);
+    report.layers_ms = timings.ms(&[Step::Layers]);
     report.mutation_ms = timings.ms(&[Step::Mutate]);
     report.timings = timings;
     Ok(report)

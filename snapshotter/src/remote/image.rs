@@ -68,11 +68,22 @@ pub fn image_info(m: &ImageManifest, diff_ids: Option<&[String]>) -> Vec<LayerDe
         .collect()
 }
 
-/// The `rootfs.diff_ids` of an image config (the parse error when it does not parse). Pure.
+/// The `rootfs.diff_ids` of an image config, or the `diff_ids` of a weenv layer group's config
+/// (`weenv run` composes plans on the node without publishing the composed image: its layers'
+/// labels name each layer's group manifest, whose config claims the same diff_ids the composed
+/// config does); the parse error when it is neither. Pure.
 pub fn config_diff_ids(config: &[u8]) -> Result<Vec<String>, String> {
-    serde_json::from_slice::<weenv_registry::manifest::ImageConfig>(config)
-        .map(|c| c.rootfs.diff_ids)
-        .map_err(|e| e.to_string())
+    #[derive(serde::Deserialize)]
+    struct GroupConfig {
+        #[serde(rename = "diffIds")]
+        diff_ids: Vec<String>,
+    }
+    match serde_json::from_slice::<weenv_registry::manifest::ImageConfig>(config) {
+        Ok(c) => Ok(c.rootfs.diff_ids),
+        Err(e) => serde_json::from_slice::<GroupConfig>(config)
+            .map(|g| g.diff_ids)
+            .map_err(|_| e.to_string()),
+    }
 }
 
 /// Manifests kept in [`ImageCache`]; past this the cache starts over (a node that pulls
@@ -189,8 +200,13 @@ mod tests {
             .iter()
             .all(|l| l.diff_id.is_none()));
         let cfg = format!(r#"{{"rootfs":{{"type":"layers","diff_ids":["{a}"]}}}}"#);
-        assert_eq!(config_diff_ids(cfg.as_bytes()), Ok(vec![a]));
+        assert_eq!(config_diff_ids(cfg.as_bytes()), Ok(vec![a.clone()]));
         assert!(config_diff_ids(b"{}").is_err());
+        // a layer group's config (weenv-env's GroupConfig) claims its layers' diff_ids too
+        let group = format!(
+            r#"{{"version":1,"kind":"base","name":"b","platform":{{"os":"linux","architecture":"amd64"}},"diffIds":["{a}"]}}"#
+        );
+        assert_eq!(config_diff_ids(group.as_bytes()), Ok(vec![a]));
     }
 
     #[test]
