@@ -30,126 +30,20 @@ RATE=${RATE:-200mbit}
 LATENCY_MS=${LATENCY_MS:-5}
 CMD=${CMD:-"import json, sys; print(json.dumps({'ok': 1}))"}
 BIN=${WEENV_BIN:-$(cd "$(dirname "$0")/../.." && pwd)/target/debug}
-NS=weenvbench$$
-HOST_IP=10.231.$((RANDOM % 200)).1
-REG_IP=${HOST_IP%.1}.2
-PORT=5000
-W=$(mktemp -d /var/tmp/weenv-bench.XXXXXX)
-IMG=${1:-}
-if [ -z "$IMG" ]; then
-    layout=$(ls -d /var/tmp/weenv-test-images/python-v*/oci 2>/dev/null | sort -V | tail -1)
-    [ -n "$layout" ] || { echo "no cached python image: run the snapshotter_python test once" >&2; exit 2; }
-    IMG="$layout:python"
-fi
-for b in containerd ctr runc docker-registry skopeo ip tc; do command -v $b >/dev/null || { echo "missing $b" >&2; exit 2; }; done
-for b in weenv-snapshotter weenv weenv-convert; do [ -x "$BIN/$b" ] || { echo "missing $BIN/$b (cargo build)" >&2; exit 2; }; done
-
-PIDS=()
-cleanup() {
-    set +e
-    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
-    sleep 1
-    umount_below "$W"
-    ip netns pids "$NS" 2>/dev/null | xargs -r kill
-    ip netns del "$NS" 2>/dev/null
-    ip link del "wv$$" 2>/dev/null
-    rm -rf "$W"
-}
-trap cleanup EXIT
-
-umount_below() { { grep -o " $1[^ ]*" /proc/self/mounts || true; } | sort -r | while read -r m; do umount -l "$m" || true; done; }
-log() { echo "[$(date +%T)] $*" >&2; }
-now() { date +%s.%N; }
+. "$(dirname "$0")/lib.sh"
+IMG=${1:-$(default_image)}
+bench_need containerd ctr runc docker-registry skopeo ip tc
+bench_need_bins weenv-snapshotter weenv weenv-convert
+bench_workdir weenv-bench
 
 # ---- registry in a shaped netns ---------------------------------------------------------
-ip netns add "$NS"
-ip link add "wv$$" type veth peer name "wr$$"
-ip link set "wr$$" netns "$NS"
-ip addr add "$HOST_IP/24" dev "wv$$"; ip link set "wv$$" up
-ip netns exec "$NS" ip addr add "$REG_IP/24" dev "wr$$"
-ip netns exec "$NS" ip link set "wr$$" up
-ip netns exec "$NS" ip link set lo up
-# Download direction: registry egress.
-ip netns exec "$NS" tc qdisc add dev "wr$$" root handle 1: htb default 10
-ip netns exec "$NS" tc class add dev "wr$$" parent 1: classid 1:10 htb rate "$RATE" ceil "$RATE"
-# Upload direction too (requests), same rate.
-tc qdisc add dev "wv$$" root handle 1: htb default 10
-tc class add dev "wv$$" parent 1: classid 1:10 htb rate "$RATE" ceil "$RATE"
-mkdir -p "$W/reg"
-cat > "$W/reg/config.yml" <<EOF
-version: 0.1
-log: {level: error}
-storage: {filesystem: {rootdirectory: $W/reg/data}}
-http: {addr: $([ "$LATENCY_MS" = 0 ] && echo "$REG_IP:$PORT" || echo "127.0.0.1:$PORT")}
-EOF
-ip netns exec "$NS" docker-registry serve "$W/reg/config.yml" >"$W/reg/log" 2>&1 &
-PIDS+=($!)
-if [ "$LATENCY_MS" != 0 ]; then
-    ip netns exec "$NS" python3 "$(dirname "$0")/delay_proxy.py" "$REG_IP:$PORT" "127.0.0.1:$PORT" "$LATENCY_MS" >"$W/reg/proxy.log" 2>&1 &
-    PIDS+=($!)
-fi
-for _ in $(seq 50); do curl -s "http://$REG_IP:$PORT/v2/" >/dev/null 2>&1 && break; sleep 0.2; done
-REG="$REG_IP:$PORT"
+shaped_registry "$RATE" "$LATENCY_MS"
 log "registry at $REG (netns $NS, $RATE, one-way latency ${LATENCY_MS} ms)"
 skopeo copy -q --dest-tls-verify=false "oci:$IMG" "docker://$REG/bench:gz"
 "$BIN/weenv-convert" --plain-http "$REG" image "$REG/bench:gz" "$REG/bench:weenv" >"$W/convert.log" 2>&1
 log "converted: $(tail -1 "$W/convert.log")"
 
-# ---- fresh containerd + snapshotter per run ------------------------------------------------
-start_stack() { # $1 = run dir; $2 = fill true|false
-    local d=$1
-    mkdir -p "$d"
-    cat > "$d/snap.toml" <<EOF
-version = 1
-root_dir = "$d/snap"
-socket = "$d/snap.sock"
-log_level = "${SNAP_LOG:-warn}"
-[registry]
-plain_http = ["$REG"]
-hosts_dir = "$d/none"
-[cache]
-disk_bytes = 8589934592
-[fill]
-enabled = $2
-${SNAP_FILL_EXTRA:-}
-[observability]
-listen = "unix:$d/status.sock"
-EOF
-    "$BIN/weenv-snapshotter" --config "$d/snap.toml" >"$d/snap.log" 2>&1 &
-    SNAP_PID=$!; PIDS+=($SNAP_PID)
-    cat > "$d/ctd.toml" <<EOF
-version = 2
-root = "$d/ctd/root"
-state = "$d/ctd/state"
-disabled_plugins = ["io.containerd.grpc.v1.cri"]
-[grpc]
-  address = "$d/ctd.sock"
-[ttrpc]
-  address = "$d/ctd.sock.ttrpc"
-[proxy_plugins.weenv]
-  type = "snapshot"
-  address = "$d/snap.sock"
-EOF
-    containerd --config "$d/ctd.toml" >"$d/ctd.log" 2>&1 &
-    CTD_PID=$!; PIDS+=($CTD_PID)
-    for _ in $(seq 100); do [ -S "$d/snap.sock" ] && ctr -a "$d/ctd.sock" version >/dev/null 2>&1 && return 0; sleep 0.1; done
-    echo "stack did not start in $d" >&2; exit 1
-}
-stop_stack() { # $1 = run dir
-    if [ -n "${LOGS_DIR:-}" ]; then mkdir -p "$LOGS_DIR"; cp "$1/snap.log" "$LOGS_DIR/$(basename "$1").log"; fi
-    if [ -n "${METRICS_DIR:-}" ]; then # keep the daemon's metrics of each run for profiling
-        mkdir -p "$METRICS_DIR"
-        "$BIN/weenv" --config "$1/snap.toml" metrics >"$METRICS_DIR/$(basename "$1").prom" 2>/dev/null || true
-    fi
-    kill "$CTD_PID" 2>/dev/null; wait "$CTD_PID" 2>/dev/null || true
-    umount_below "$1/ctd"
-    kill "$SNAP_PID" 2>/dev/null; wait "$SNAP_PID" 2>/dev/null || true
-    umount_below "$1"
-    rm -rf "$1"
-}
-rx() { cat "/sys/class/net/wv$$/statistics/rx_bytes"; }
-median() { sort -g | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
-drop_caches() { sync; echo 3 > /proc/sys/vm/drop_caches; }
+# ---- fresh containerd + snapshotter per run (lib.sh: start_stack, stop_stack) --------------
 
 # Timing helper run inside containers (python3 is in the image).
 READ_PY='
@@ -230,10 +124,7 @@ for i in $(seq "$RUNS"); do
     t1=$(now); b1=$(rx)
     R[weenv_start]+="$(echo "$t1 - $t0" | bc) "; R[weenv_bytes]+="$((b1 - b0)) "
     # wait for the background fill, then warm reads (passthrough) + find
-    for _ in $(seq 600); do
-        s=$("$BIN/weenv" --config "$d/snap.toml" status --json 2>/dev/null || true)
-        echo "$s" | grep -q '"fill": "\(running\|pending\)"' || break; sleep 0.5
-    done
+    wait_fill "$d"
     drop_caches; R[weenv_seq]+="$($C run --rm --snapshotter weenv "$REG/bench:weenv" c2 python3 -c "$READ_PY" seq) "
     drop_caches; R[weenv_rand]+="$($C run --rm --snapshotter weenv "$REG/bench:weenv" c3 python3 -c "$READ_PY" rand) "
     drop_caches; R[weenv_find]+="$($C run --rm --snapshotter weenv "$REG/bench:weenv" c4 python3 -c "$FIND_PY") "

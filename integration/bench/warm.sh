@@ -23,44 +23,14 @@ set -euo pipefail
 RUNS=${RUNS:-5}
 CMD=${CMD:-"import json, sys; print(json.dumps({'ok': 1}))"}
 BIN=${WEENV_BIN:-$(cd "$(dirname "$0")/../.." && pwd)/target/debug}
-W=$(mktemp -d /var/tmp/weenv-warm.XXXXXX)
-IMG=${1:-}
-if [ -z "$IMG" ]; then
-    layout=$(ls -d /var/tmp/weenv-test-images/python-v*/oci 2>/dev/null | sort -V | tail -1)
-    [ -n "$layout" ] || { echo "no cached python image: run the snapshotter_python test once" >&2; exit 2; }
-    IMG="$layout:python"
-fi
-for b in containerd ctr runc docker-registry skopeo; do command -v $b >/dev/null || { echo "missing $b" >&2; exit 2; }; done
-for b in weenv-snapshotter weenv weenv-convert; do [ -x "$BIN/$b" ] || { echo "missing $BIN/$b (cargo build)" >&2; exit 2; }; done
-
-PIDS=()
-umount_below() { { grep -o " $1[^ ]*" /proc/self/mounts || true; } | sort -r | while read -r m; do umount -l "$m" || true; done; }
-cleanup() {
-    set +e
-    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
-    sleep 1
-    umount_below "$W"
-    rm -rf "$W"
-}
-trap cleanup EXIT
-log() { echo "[$(date +%T)] $*" >&2; }
-now() { date +%s.%N; }
-median() { sort -g | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
-drop_caches() { sync; echo 3 > /proc/sys/vm/drop_caches; }
+. "$(dirname "$0")/lib.sh"
+IMG=${1:-$(default_image)}
+bench_need containerd ctr runc docker-registry skopeo
+bench_need_bins weenv-snapshotter weenv weenv-convert
+bench_workdir weenv-warm
 
 # ---- registry ---------------------------------------------------------------------------
-PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-REG="127.0.0.1:$PORT"
-mkdir -p "$W/reg"
-cat > "$W/reg/config.yml" <<EOF
-version: 0.1
-log: {level: error}
-storage: {filesystem: {rootdirectory: $W/reg/data}}
-http: {addr: $REG}
-EOF
-docker-registry serve "$W/reg/config.yml" >"$W/reg/log" 2>&1 &
-PIDS+=($!)
-for _ in $(seq 50); do curl -s "http://$REG/v2/" >/dev/null 2>&1 && break; sleep 0.2; done
+local_registry
 skopeo copy -q --dest-tls-verify=false "oci:$IMG" "docker://$REG/bench:gz"
 "$BIN/weenv-convert" --plain-http "$REG" image "$REG/bench:gz" "$REG/bench:weenv" >"$W/convert.log" 2>&1
 log "registry $REG; converted: $(tail -1 "$W/convert.log")"
