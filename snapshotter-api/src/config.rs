@@ -122,6 +122,20 @@ pub struct CacheSection {
     pub disk_bytes: u64,
 }
 
+/// Scheduling class of the daemon's background CPU and disk work (fill decompression,
+/// verification, cache writes, completion check, native trees).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CpuPriority {
+    /// As the daemon's other threads.
+    Normal,
+    /// nice 19, I/O best-effort level 7.
+    Low,
+    /// `SCHED_IDLE` (a CPU runs it only when no other task wants it), I/O class idle.
+    #[default]
+    Idle,
+}
+
 /// Background fill.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -139,6 +153,25 @@ pub struct FillSection {
     /// the layer store's (1000).
     #[serde(default)]
     pub quiet_ms: Option<u64>,
+    /// Background bytes (start-up prefetch + fill) in flight on the node at most: an
+    /// on-demand read shares the registry link with no more than this (a single larger
+    /// request may go alone; 0 = one background request at a time). Default: the layer
+    /// store's (4 MiB).
+    #[serde(default)]
+    pub background_bytes: Option<u64>,
+    /// Priority of background CPU and disk work (fill and prefetch decompression and
+    /// verification, cache writes, completion check, native trees): `idle`, `low` or
+    /// `normal`. Default `idle`.
+    #[serde(default)]
+    pub cpu_priority: CpuPriority,
+    /// The fill sends its next request only after no FUSE read came for this long (ms): it
+    /// pauses while the node's containers read through weenv. Default: the layer store's (500).
+    #[serde(default)]
+    pub busy_ms: Option<u64>,
+    /// Longest single pause of the fill while reads keep coming (ms; then one request goes).
+    /// Default: the layer store's (5000).
+    #[serde(default)]
+    pub busy_max_pause_ms: Option<u64>,
     /// After a layer's fill, copy files of at least this many bytes out of the cache for
     /// passthrough (disk: their size again). Default: the layer store's (262144).
     #[serde(default)]
@@ -171,9 +204,14 @@ pub struct PrefetchSection {
     /// Default true.
     #[serde(default = "default_true")]
     pub enabled: bool,
-    /// Concurrent prefetch requests per layer. Default 4.
+    /// Concurrent prefetch requests on the node (all layers). Default 4.
     #[serde(default = "default_prefetch_concurrency")]
     pub concurrency: usize,
+    /// Prefetch requests are sent only after on-demand fetches have been idle this long (ms),
+    /// so a command the profile did not record is not slowed down by it; reads the profile
+    /// predicted do not count. Default: the layer store's (100).
+    #[serde(default)]
+    pub quiet_ms: Option<u64>,
     /// Compressed bytes per prefetch request. Default 1 MiB.
     #[serde(default = "default_prefetch_batch_bytes")]
     pub batch_bytes: u64,
@@ -191,6 +229,7 @@ impl Default for PrefetchSection {
         Self {
             enabled: true,
             concurrency: default_prefetch_concurrency(),
+            quiet_ms: None,
             batch_bytes: default_prefetch_batch_bytes(),
         }
     }
@@ -346,6 +385,10 @@ impl Default for FillSection {
             rate_bytes_per_sec: 0,
             concurrency: default_fill_concurrency(),
             quiet_ms: None,
+            background_bytes: None,
+            cpu_priority: CpuPriority::Idle,
+            busy_ms: None,
+            busy_max_pause_ms: None,
             materialise_min_bytes: None,
             read_ahead_bytes: None,
             dir_prefetch_frames: None,

@@ -111,6 +111,11 @@ pub fn layer_store_config(cfg: &Config) -> LayerStoreConfig {
                 concurrency: cfg.fill.concurrency,
                 rate_limit_bytes_per_sec: cfg.fill.rate_bytes_per_sec,
                 quiet_ms: cfg.fill.quiet_ms.unwrap_or(d.quiet_ms),
+                background_bytes: cfg.fill.background_bytes.unwrap_or(d.background_bytes),
+                prefetch_quiet_ms: cfg.prefetch.quiet_ms.unwrap_or(d.prefetch_quiet_ms),
+                cpu_priority: cfg.fill.cpu_priority,
+                busy_ms: cfg.fill.busy_ms.unwrap_or(d.busy_ms),
+                busy_max_pause_ms: cfg.fill.busy_max_pause_ms.unwrap_or(d.busy_max_pause_ms),
                 materialise_min_bytes: cfg
                     .fill
                     .materialise_min_bytes

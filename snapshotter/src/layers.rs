@@ -272,12 +272,16 @@ impl LayerStore {
             max_gap: cfg.fill.max_gap_bytes,
             max_request: cfg.fill.max_request_bytes,
         };
-        let store = Arc::new(FrameStore::new(
-            MemoryCache::new(cfg.memory_cache_bytes),
-            l2,
-            metrics.clone(),
-            limits,
-        ));
+        let store = Arc::new(
+            FrameStore::new(
+                MemoryCache::new(cfg.memory_cache_bytes),
+                l2,
+                metrics.clone(),
+                limits,
+            )
+            .with_link_policy((&cfg.fill).into())
+            .with_cpu_policy((&cfg.fill).into()),
+        );
         let st = Arc::new(FsState {
             layers: RwLock::new(Layers::default()),
             store,
@@ -409,7 +413,7 @@ impl LayerStore {
             handed_over: AtomicBool::new(false),
             notifier,
             fills: Mutex::new(HashMap::new()),
-            fill_budget: Arc::new(FillShared::new(cfg.fill.concurrency)),
+            fill_budget: Arc::new(FillShared::default()),
             cfg,
         }))
     }
@@ -617,7 +621,6 @@ impl LayerStore {
             layer.source.clone(),
             frames,
             self.cfg.fill.prefetch_batch_bytes,
-            self.cfg.fill.prefetch_concurrency,
             layer.prefetch.clone(),
         ));
     }

@@ -95,6 +95,10 @@ pub struct Metrics {
     pub bytes_fetched_fill: AtomicU64,
     /// Compressed bytes fetched by start-up prefetch (the image's profile).
     pub bytes_fetched_prefetch: AtomicU64,
+    /// Background (prefetch, fill) calls promoted because a reader waited for one of their
+    /// frames: a queued prefetch request is sent at once, the rest decodes at normal priority
+    /// (`fetch::link`, `fetch::cpu`).
+    pub link_promotions: AtomicU64,
     /// Range requests sent to sources.
     pub range_requests: AtomicU64,
     /// Source range requests that failed.
@@ -136,6 +140,7 @@ impl Default for Metrics {
             bytes_fetched_on_demand: AtomicU64::default(),
             bytes_fetched_fill: AtomicU64::default(),
             bytes_fetched_prefetch: AtomicU64::default(),
+            link_promotions: AtomicU64::default(),
             range_requests: AtomicU64::default(),
             range_request_errors: AtomicU64::default(),
             l1_hits: AtomicU64::default(),
@@ -210,7 +215,7 @@ impl Metrics {
     /// Prometheus text exposition (version 0.0.4), encoded by prometheus-client.
     pub fn render(&self) -> String {
         let mut e = Exposition::new();
-        let counters: [(&'static str, &'static str, &AtomicU64); 19] = [
+        let counters: [(&'static str, &'static str, &AtomicU64); 20] = [
             (
                 "weenv_fetch_bytes_on_demand_total",
                 "Compressed bytes fetched for on-demand reads.",
@@ -225,6 +230,11 @@ impl Metrics {
                 "weenv_fetch_bytes_prefetch_total",
                 "Compressed bytes fetched by start-up prefetch (image profile).",
                 &self.bytes_fetched_prefetch,
+            ),
+            (
+                "weenv_fetch_link_promotions_total",
+                "Background fetches promoted because a reader waited for one of their frames.",
+                &self.link_promotions,
             ),
             (
                 "weenv_fetch_range_requests_total",

@@ -1,15 +1,17 @@
 //! Background fill: fetch every frame of a layer that is not on disk yet, in blob order,
 //! off the critical path.
 //!
-//! Concurrency and rate are a node-wide budget ([`FillShared`]), shared by all layers.
-//!
-//! Priority: before each request the fill waits until no on-demand or read-ahead fetch has
-//! been in flight for `FillConfig::quiet_ms` ([`FrameStore::wait_demand_quiet`]), so a FUSE read never queues behind fill traffic
-//! for longer than the fill requests already sent. Concurrency is bounded
-//! (`FillConfig::concurrency` requests), the rate is limited by [`pace`] (pure), and frames
-//! already in L2 are skipped. Progress is published in [`FillProgress`].
+//! Priority: each fill request waits for the node's link scheduler ([`super::link`]) to admit
+//! it: after queued start-up prefetch, only while no on-demand or read-ahead fetch is in flight
+//! and none was for `FillConfig::quiet_ms`, within `FillConfig::concurrency` fill requests and
+//! `FillConfig::background_bytes` background bytes in flight on the node. So a FUSE read never
+//! queues behind fill traffic, and shares the link only with the fill requests sent before
+//! it. The rate is a node-wide budget ([`FillShared`], [`pace`], pure); frames already in L2
+//! are skipped. Progress is published in [`FillProgress`].
 
+use super::cpu::{CpuPolicy, CpuPriority};
 use super::frames::{FrameStore, Priority};
+use super::link::LinkPolicy;
 use super::RangeSource;
 use futures::StreamExt;
 use parking_lot::Mutex;
@@ -27,6 +29,21 @@ pub struct FillConfig {
     pub enabled: bool,
     /// Concurrent fill requests on the node (all layers together). Default: 2.
     pub concurrency: usize,
+    /// Background (start-up prefetch + fill) bytes in flight on the node at most; a demand
+    /// read shares the link with no more than this (a single larger request may go alone).
+    /// Default: 4 MiB (one fill request).
+    pub background_bytes: u64,
+    /// Start-up prefetch requests are sent only after on-demand fetches have been idle for
+    /// this long (ms); reads the profile predicted (a reader waiting for a queued prefetch
+    /// request) do not count. Default: 100.
+    pub prefetch_quiet_ms: u64,
+    /// Priority of background CPU and disk work (see `fetch::cpu`). Default: idle.
+    pub cpu_priority: CpuPriority,
+    /// The fill sends its next request only after no FUSE read came for this long (ms).
+    /// Default: 500.
+    pub busy_ms: u64,
+    /// Longest single pause of the fill while FUSE reads keep coming (ms). Default: 5000.
+    pub busy_max_pause_ms: u64,
     /// Fill rate limit of the node in (compressed) bytes per second; 0 = unlimited.
     /// Default: 0.
     pub rate_limit_bytes_per_sec: u64,
@@ -65,7 +82,7 @@ pub struct FillConfig {
     /// profile (`io.weenv.prefetch.frames` on the layer descriptor, written by
     /// `weenv-convert prefetch`), fetch those frames at once. Default: true.
     pub prefetch: bool,
-    /// Concurrent start-up prefetch requests per layer. Default: 4.
+    /// Concurrent start-up prefetch requests on the node. Default: 4.
     pub prefetch_concurrency: usize,
     /// Compressed bytes per start-up prefetch request (small, so a waiting reader gets its
     /// frame after its own request). Default: 1 MiB.
@@ -85,6 +102,11 @@ impl Default for FillConfig {
         FillConfig {
             enabled: true,
             concurrency: 2,
+            background_bytes: 4 << 20,
+            prefetch_quiet_ms: 100,
+            cpu_priority: CpuPriority::Idle,
+            busy_ms: 500,
+            busy_max_pause_ms: 5000,
             rate_limit_bytes_per_sec: 0,
             quiet_ms: 1000,
             materialise_min_bytes: 256 << 10,
@@ -191,20 +213,39 @@ pub fn batches(toc: &Toc, missing: &[FrameIdx], batch_bytes: u64) -> Vec<Vec<Fra
     out
 }
 
-/// The node-wide fill budget, shared by the fills of all layers: `concurrency` requests in
-/// flight and `rate_limit_bytes_per_sec` apply per node, not per layer (after a restart every
-/// layer refills at once).
+impl From<&FillConfig> for LinkPolicy {
+    fn from(c: &FillConfig) -> Self {
+        LinkPolicy {
+            background_bytes: c.background_bytes,
+            prefetch_quiet: Duration::from_millis(c.prefetch_quiet_ms),
+            fill_quiet: Duration::from_millis(c.quiet_ms),
+            prefetch_concurrency: c.prefetch_concurrency,
+            fill_concurrency: c.concurrency,
+        }
+    }
+}
+
+impl From<&FillConfig> for CpuPolicy {
+    fn from(c: &FillConfig) -> Self {
+        CpuPolicy {
+            priority: c.cpu_priority,
+            busy: Duration::from_millis(c.busy_ms),
+            max_pause: Duration::from_millis(c.busy_max_pause_ms),
+        }
+    }
+}
+
+/// The node-wide fill rate budget, shared by the fills of all layers:
+/// `rate_limit_bytes_per_sec` applies per node, not per layer (after a restart every layer
+/// refills at once). Concurrency is the link scheduler's (`LinkPolicy::fill_concurrency`).
 pub struct FillShared {
-    slots: tokio::sync::Semaphore,
     sent: AtomicU64,
     started: Instant,
 }
 
-impl FillShared {
-    /// A budget of `concurrency` concurrent fill requests.
-    pub fn new(concurrency: usize) -> Self {
+impl Default for FillShared {
+    fn default() -> Self {
         FillShared {
-            slots: tokio::sync::Semaphore::new(concurrency.max(1)),
             sent: AtomicU64::new(0),
             started: Instant::now(),
         }
@@ -232,7 +273,6 @@ pub async fn run_fill(
         .store(toc.frames.len() as u64, Ordering::Relaxed);
     progress.set_state(FillState::Running);
     store.note_demand(); // the layer is about to be used: on-demand reads come first
-    let quiet = Duration::from_millis(cfg.quiet_ms);
     let missing: Vec<FrameIdx> = (0..toc.frames.len() as u32)
         .map(FrameIdx)
         .filter(|i| !store.l2().contains(&toc.frames[i.0 as usize].digest))
@@ -257,10 +297,8 @@ pub async fn run_fill(
                     .filter_map(|i| toc.frames.get(i.0 as usize))
                     .map(|f| f.clen)
                     .sum();
-                let Ok(slot) = shared.slots.acquire().await else {
-                    return true; // semaphore closed: shutting down
-                };
-                store.wait_demand_quiet(quiet).await;
+                // Pause while the node's containers read through weenv.
+                store.wait_not_busy().await;
                 let wait = pace(
                     shared.sent.fetch_add(bytes, Ordering::Relaxed),
                     rate,
@@ -269,11 +307,11 @@ pub async fn run_fill(
                 if !wait.is_zero() {
                     tokio::time::sleep(wait).await;
                 }
-                // One read: the source's retry budget is the only retrying.
+                // One read (it waits for the link to admit it): the source's retry budget is
+                // the only retrying.
                 let res = store
                     .get_frames(&toc.frames, &source, &batch, Priority::Fill)
                     .await;
-                drop(slot);
                 match res {
                     Ok(_) => {
                         progress
@@ -295,7 +333,15 @@ pub async fn run_fill(
         .await;
     if failed == 0 {
         if let Some(f) = after {
-            if let Err(e) = tokio::task::spawn_blocking(f).await {
+            // The completion check and native tree read and write the whole layer: after the
+            // containers' reads, at background priority.
+            store.wait_not_busy().await;
+            let cpu = store.cpu_policy().priority;
+            let low = move || {
+                let _low = super::cpu::Lowered::enter(cpu);
+                f();
+            };
+            if let Err(e) = tokio::task::spawn_blocking(low).await {
                 tracing::warn!(error = %e, "post-fill work failed");
             }
         }
@@ -379,7 +425,7 @@ mod tests {
             s.clone(),
             cfg,
             progress.clone(),
-            Arc::new(FillShared::new(2)),
+            Arc::new(FillShared::default()),
             None,
         ));
         while progress.state() != FillState::Running {
@@ -422,7 +468,7 @@ mod tests {
             src.clone(),
             cfg,
             progress.clone(),
-            Arc::new(FillShared::new(2)),
+            Arc::new(FillShared::default()),
             None,
         )
         .await;

@@ -15,12 +15,18 @@
 //!   across an await (the in-flight map is locked only to claim or join);
 //! - misses claimed together are coalesced into range requests by [`plan_fetch`];
 //! - if a claimer is cancelled, its claims are released and waiters retry (no lost wakeups).
-//! - on-demand and read-ahead fetches are counted so the background fill can yield to them.
+//! - every range request goes through the node's [`LinkScheduler`]: on-demand and read-ahead
+//!   requests are sent at once, start-up prefetch and fill requests wait below them; a
+//!   prefetch request that claimed frames is promoted when an on-demand read waits for one of
+//!   them, a fill request claims its frames only once the link admits it (see [`super::link`]);
+//!   background frames decode at low CPU priority ([`super::cpu`]) until a reader waits.
 //! - with a peer tier set ([`FrameStore::set_peer_tier`], `crate::peer`), claimed misses of a
 //!   registry blob are first asked of the peer nodes that own them; frames the tier returns
 //!   (verified against the TOC by the tier) are cached like fetched ones, the rest are fetched
 //!   from the source as above.
 
+use super::cpu::{busy_wait, CpuPolicy, CpuPriority, Lowered};
+use super::link::{Class, LinkPolicy, LinkScheduler, Promotion};
 use super::plan::{plan_fetch, PlanLimits, RangeRequest};
 use super::{FetchError, RangeSource};
 use crate::cache::{DiskCache, MemoryCache};
@@ -29,10 +35,10 @@ use crate::peer::PeerTier;
 use bytes::Bytes;
 use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
-use tokio::sync::{watch, Notify};
+use tokio::sync::watch;
 use weenv_format::{Digest, Frame, FrameIdx};
 use weenv_registry::{ByteRange, ReadObserver, ReadOpts, ReadReport, Verify};
 
@@ -59,23 +65,24 @@ enum Unverified {
 }
 use Unverified::{Bad, Failed};
 
-/// Quiet time still to wait at `now` when the last demand was at `last`. Pure.
-pub fn quiet_left(now: Duration, last: Duration, quiet: Duration) -> Duration {
-    (last + quiet).saturating_sub(now)
+/// A frame being fetched: its result channel, and the background call an on-demand reader
+/// of it may promote (`None`: a demand fetch).
+struct Inflight {
+    rx: watch::Receiver<Slot>,
+    promotion: Option<Arc<Promotion>>,
 }
 
 /// Frames from caches or sources, verified, single flight.
 pub struct FrameStore {
     l1: MemoryCache,
-    l2: DiskCache,
-    inflight: Mutex<HashMap<Digest, watch::Receiver<Slot>>>,
+    l2: Arc<DiskCache>,
+    inflight: Mutex<HashMap<Digest, Inflight>>,
     metrics: Arc<Metrics>,
     limits: PlanLimits,
-    demand: AtomicUsize,
-    demand_idle: Notify,
-    /// Milliseconds after `started` of the last on-demand/read-ahead activity (start or end
-    /// of a fetch, or [`FrameStore::note_demand`]).
-    last_demand_ms: AtomicU64,
+    link: LinkScheduler,
+    cpu: CpuPolicy,
+    /// Milliseconds after `started` of the last FUSE read (the node's containers are busy).
+    last_read_ms: AtomicU64,
     last_log: LogLimit,
     started: Instant,
     /// Compressed bytes of the range requests in flight.
@@ -112,21 +119,10 @@ impl Drop for Claim<'_> {
     }
 }
 
-struct DemandGuard<'a>(&'a FrameStore);
-
-impl Drop for DemandGuard<'_> {
-    fn drop(&mut self) {
-        self.0.note_demand();
-        if self.0.demand.fetch_sub(1, Ordering::AcqRel) == 1 {
-            self.0.demand_idle.notify_waiters();
-        }
-    }
-}
-
 enum Plan<'a> {
     Have(Bytes),
     Fetch(Claim<'a>),
-    Wait(watch::Receiver<Slot>),
+    Wait(watch::Receiver<Slot>, Option<Arc<Promotion>>),
 }
 
 /// Verifies the frames of one range request in each attempt's bytes, caching each frame
@@ -136,6 +132,7 @@ struct FrameCheck<'a> {
     store: &'a FrameStore,
     frames: Vec<(FrameIdx, &'a Frame)>,
     prio: Priority,
+    promotion: Option<&'a Promotion>,
     state: Mutex<CheckState>,
 }
 
@@ -158,9 +155,16 @@ impl Verify for FrameCheck<'_> {
             if known {
                 continue;
             }
+            // Background work decodes at low priority until a reader waits for it.
+            let cpu = match (self.prio, self.promotion) {
+                (Priority::Fill | Priority::Prefetch, p) if !p.is_some_and(Promotion::promoted) => {
+                    self.store.cpu.priority
+                }
+                _ => CpuPriority::Normal,
+            };
             let res = self
                 .store
-                .verify_and_cache(f, bytes, range.offset, self.prio)
+                .verify_and_cache(f, bytes, range.offset, self.prio, cpu)
                 .await;
             let mut st = self.state.lock();
             match res {
@@ -208,17 +212,17 @@ impl ReadObserver for FetchObserver<'_> {
 }
 
 impl FrameStore {
-    /// A store over the two caches.
+    /// A store over the two caches, with the default [`LinkPolicy`] and [`CpuPolicy`].
     pub fn new(l1: MemoryCache, l2: DiskCache, metrics: Arc<Metrics>, limits: PlanLimits) -> Self {
         FrameStore {
             l1,
-            l2,
+            l2: Arc::new(l2),
             inflight: Mutex::new(HashMap::new()),
             metrics,
             limits,
-            demand: AtomicUsize::new(0),
-            demand_idle: Notify::new(),
-            last_demand_ms: AtomicU64::new(0),
+            link: LinkScheduler::new(LinkPolicy::default()),
+            cpu: CpuPolicy::default(),
+            last_read_ms: AtomicU64::new(0),
             last_log: LogLimit::default(),
             started: Instant::now(),
             in_flight: AtomicU64::new(0),
@@ -230,6 +234,54 @@ impl FrameStore {
     /// call is ignored).
     pub fn set_peer_tier(&self, tier: Arc<dyn PeerTier>) {
         let _ = self.peers.set(tier);
+    }
+
+    /// The same store with link policy `policy`.
+    pub fn with_link_policy(mut self, policy: LinkPolicy) -> Self {
+        self.link = LinkScheduler::new(policy);
+        self
+    }
+
+    /// The same store with background CPU policy `policy`.
+    pub fn with_cpu_policy(mut self, policy: CpuPolicy) -> Self {
+        self.cpu = policy;
+        self
+    }
+
+    /// The node's link scheduler.
+    pub fn link(&self) -> &LinkScheduler {
+        &self.link
+    }
+
+    /// The background CPU policy.
+    pub fn cpu_policy(&self) -> &CpuPolicy {
+        &self.cpu
+    }
+
+    /// A FUSE read came now (the fill pauses while they keep coming).
+    pub fn note_read(&self) {
+        let now = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.last_read_ms.fetch_max(now, Ordering::Relaxed);
+    }
+
+    /// Waits while the node's containers read through weenv (see [`busy_wait`]).
+    pub async fn wait_not_busy(&self) {
+        let mut waited = Duration::ZERO;
+        loop {
+            let last = Duration::from_millis(self.last_read_ms.load(Ordering::Relaxed));
+            let w = busy_wait(self.started.elapsed(), last, waited, &self.cpu);
+            if w.is_zero() {
+                return;
+            }
+            tokio::time::sleep(w).await;
+            waited += w;
+        }
+    }
+
+    /// Frames being fetched (claimed) now.
+    #[cfg(test)]
+    pub(crate) fn claimed(&self) -> usize {
+        self.inflight.lock().len()
     }
 
     /// The disk cache.
@@ -272,46 +324,24 @@ impl FrameStore {
         }
     }
 
-    /// Waits until no on-demand or read-ahead fetch is in flight.
-    pub async fn wait_demand_idle(&self) {
-        loop {
-            let n = self.demand_idle.notified();
-            tokio::pin!(n);
-            n.as_mut().enable();
-            if self.demand.load(Ordering::Acquire) == 0 {
-                return;
-            }
-            n.await;
-        }
-    }
-
-    /// Records on-demand activity now (a fetch started or ended, or a layer is about to be
-    /// used): [`wait_demand_quiet`](Self::wait_demand_quiet) counts its quiet time from here.
+    /// Records on-demand activity now (a layer is about to be used): background requests
+    /// count their quiet time from here.
     pub fn note_demand(&self) {
-        let now = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
-        self.last_demand_ms.fetch_max(now, Ordering::AcqRel);
+        self.link.note_demand();
     }
 
-    /// Waits until no on-demand or read-ahead fetch is in flight and none started or ended
-    /// for `quiet`. A reader that misses, computes, and misses again (a program starting up)
-    /// leaves gaps of a few ms between its fetches; a fill request sent into such a gap
-    /// delays the next miss by its whole transfer time on a slow link.
-    pub async fn wait_demand_quiet(&self, quiet: Duration) {
-        loop {
-            self.wait_demand_idle().await;
-            let now = self.started.elapsed();
-            let last = Duration::from_millis(self.last_demand_ms.load(Ordering::Acquire));
-            let left = quiet_left(now, last, quiet);
-            if left.is_zero() && self.demand.load(Ordering::Acquire) == 0 {
-                return;
-            }
-            tokio::time::sleep(left.max(Duration::from_millis(1))).await;
-        }
-    }
-
-    /// Number of on-demand/read-ahead fetches in flight.
+    /// Number of on-demand/read-ahead (and promoted) requests in flight.
     pub fn demand_in_flight(&self) -> usize {
-        self.demand.load(Ordering::Acquire)
+        self.link.demand_in_flight()
+    }
+
+    /// Compressed bytes of `idxs` not cached (what fetching them would move).
+    fn missing_bytes(&self, frames: &[Frame], idxs: &[FrameIdx]) -> u64 {
+        idxs.iter()
+            .filter_map(|i| frames.get(i.0 as usize))
+            .filter(|f| !self.l1.contains(&f.digest) && !self.l2.contains(&f.digest))
+            .map(|f| f.clen)
+            .sum()
     }
 
     fn frame(frames: &[Frame], idx: FrameIdx) -> Result<&Frame, FetchError> {
@@ -321,15 +351,15 @@ impl FrameStore {
         })
     }
 
-    fn plan_one(&self, frame: &Frame) -> Plan<'_> {
+    fn plan_one(&self, frame: &Frame, promotion: Option<&Arc<Promotion>>) -> Plan<'_> {
         let mut attempts = 0;
         let mut map = loop {
             if let Some(b) = self.cached(frame) {
                 return Plan::Have(b);
             }
             let map = self.inflight.lock();
-            if let Some(rx) = map.get(&frame.digest) {
-                return Plan::Wait(rx.clone());
+            if let Some(f) = map.get(&frame.digest) {
+                return Plan::Wait(f.rx.clone(), f.promotion.clone());
             }
             // A fetch may have completed between the cache check and the lock (it caches,
             // then releases its claim): look again rather than fetch twice. Lock order is
@@ -343,7 +373,13 @@ impl FrameStore {
             break map;
         };
         let (tx, rx) = watch::channel(None);
-        map.insert(frame.digest.clone(), rx);
+        map.insert(
+            frame.digest.clone(),
+            Inflight {
+                rx,
+                promotion: promotion.cloned(),
+            },
+        );
         drop(map);
         Plan::Fetch(Claim {
             store: self,
@@ -353,6 +389,8 @@ impl FrameStore {
     }
 
     /// Frames `idxs` of a layer (`frames` from its TOC, `source` its blob), in order.
+    /// A fill call first waits for the link to admit it (its frames are claimed after that);
+    /// a prefetch call claims its frames, then waits (promotable); demand goes at once.
     pub async fn get_frames(
         &self,
         frames: &[Frame],
@@ -360,6 +398,18 @@ impl FrameStore {
         idxs: &[FrameIdx],
         prio: Priority,
     ) -> Result<Vec<Bytes>, FetchError> {
+        let _fill_permit = match prio {
+            Priority::Fill => match self.missing_bytes(frames, idxs) {
+                0 => None,
+                bytes => Some(self.link.background(Class::Fill, bytes, None).await),
+            },
+            _ => None,
+        };
+        // Background calls can be promoted by a reader waiting for one of their frames: a
+        // queued prefetch request is sent at once, and the rest of the call decodes at normal
+        // CPU priority.
+        let promotion = matches!(prio, Priority::Prefetch | Priority::Fill)
+            .then(|| Arc::new(Promotion::default()));
         let mut out: Vec<Option<Bytes>> = vec![None; idxs.len()];
         loop {
             let mut claims: Vec<(usize, FrameIdx, Claim<'_>)> = Vec::new();
@@ -369,15 +419,27 @@ impl FrameStore {
                     continue;
                 }
                 let f = Self::frame(frames, *idx)?;
-                match self.plan_one(f) {
+                match self.plan_one(f, promotion.as_ref()) {
                     Plan::Have(b) => out[i] = Some(b),
                     Plan::Fetch(c) => claims.push((i, *idx, c)),
-                    Plan::Wait(rx) => waits.push((i, rx)),
+                    Plan::Wait(rx, p) => {
+                        // A reader waits for a background call: promote it.
+                        if let (Priority::OnDemand, Some(p)) = (prio, p) {
+                            if !p.promoted() {
+                                self.metrics.link_promotions.fetch_add(1, Ordering::Relaxed);
+                            }
+                            self.link.promote(&p);
+                        }
+                        waits.push((i, rx));
+                    }
                 }
             }
             let mut first_err = None;
             if !claims.is_empty() {
-                for (i, r) in self.fetch_claimed(frames, source, claims, prio).await {
+                let fetched = self
+                    .fetch_claimed(frames, source, claims, prio, promotion.as_deref())
+                    .await;
+                for (i, r) in fetched {
                     match r {
                         Ok(b) => out[i] = Some(b),
                         Err(e) => first_err = first_err.or(Some(e)),
@@ -411,12 +473,12 @@ impl FrameStore {
         source: &Arc<dyn RangeSource>,
         claims: Vec<(usize, FrameIdx, Claim<'a>)>,
         prio: Priority,
+        promotion: Option<&Promotion>,
     ) -> Vec<(usize, Result<Bytes, FetchError>)> {
-        let _demand = (prio != Priority::Fill).then(|| {
-            self.demand.fetch_add(1, Ordering::AcqRel);
-            self.note_demand();
-            DemandGuard(self)
-        });
+        // Demand goes at once (and holds background requests back while in flight); a fill
+        // call holds its permit already; prefetch requests queue per request (run_request).
+        let _demand =
+            matches!(prio, Priority::OnDemand | Priority::ReadAhead).then(|| self.link.demand());
         let mut wanted: Vec<FrameIdx> = claims.iter().map(|(_, idx, _)| *idx).collect();
         let mut by_idx: HashMap<FrameIdx, Vec<(usize, Claim<'a>)>> = HashMap::new();
         for (i, idx, c) in claims {
@@ -441,7 +503,7 @@ impl FrameStore {
                     group.push((*idx, v));
                 }
             }
-            jobs.push(self.run_request(frames, source, req, group, prio));
+            jobs.push(self.run_request(frames, source, req, group, prio, promotion));
         }
         out.extend(futures::future::join_all(jobs).await.into_iter().flatten());
         out
@@ -454,7 +516,16 @@ impl FrameStore {
         req: RangeRequest,
         group: Vec<(FrameIdx, Vec<(usize, Claim<'a>)>)>,
         prio: Priority,
+        promotion: Option<&Promotion>,
     ) -> Vec<(usize, Result<Bytes, FetchError>)> {
+        let _prefetch_permit = match prio {
+            Priority::Prefetch => Some(
+                self.link
+                    .background(Class::Prefetch, req.len, promotion)
+                    .await,
+            ),
+            _ => None,
+        };
         self.in_flight.fetch_add(req.len, Ordering::Relaxed);
         let _in_flight = InFlight(&self.in_flight, req.len);
         let range = ByteRange::new(req.offset, req.len);
@@ -465,6 +536,7 @@ impl FrameStore {
                 .filter_map(|(idx, _)| frames.get(idx.0 as usize).map(|f| (*idx, f)))
                 .collect(),
             prio,
+            promotion,
             state: Mutex::new(CheckState::default()),
         };
         let observer = FetchObserver {
@@ -532,6 +604,11 @@ impl FrameStore {
         if let Err(e) = self.l2.put(&f.digest, b) {
             tracing::warn!(error = %e, "could not write frame to the disk cache");
         }
+        self.keep_l1(f, b, prio);
+    }
+
+    /// Caches verified frame `f` in L1 unless it is for the fill.
+    fn keep_l1(&self, f: &Frame, b: &Bytes, prio: Priority) {
         if prio != Priority::Fill {
             // The fill must not push the working set out of memory.
             self.l1.insert(f.digest.clone(), b.clone());
@@ -539,13 +616,15 @@ impl FrameStore {
     }
 
     /// Decode and verify frame `f` from `blob` (which starts at blob offset `base`); cache it
-    /// if it verifies. A verification failure is counted, caches nothing and is `Bad`.
+    /// if it verifies. A verification failure is counted, caches nothing and is `Bad`. The
+    /// decode and the disk-cache write run on a blocking thread at `cpu` priority.
     async fn verify_and_cache(
         &self,
         f: &Frame,
         blob: &Bytes,
         base: u64,
         prio: Priority,
+        cpu: CpuPriority,
     ) -> Result<Bytes, Unverified> {
         let start = usize::try_from(f.offset.saturating_sub(base)).unwrap_or(usize::MAX);
         let end = start.saturating_add(usize::try_from(f.clen).unwrap_or(usize::MAX));
@@ -556,16 +635,22 @@ impl FrameStore {
             ))));
         };
         let compressed = blob.slice_ref(compressed);
-        let frame = f.clone();
+        let (frame, l2) = (f.clone(), self.l2.clone());
         let decoded = tokio::task::spawn_blocking(move || {
-            weenv_format::frame::decode_frame(&frame, &compressed).map_err(|e| e.to_string())
+            let _low = Lowered::enter(cpu);
+            let b = weenv_format::frame::decode_frame(&frame, &compressed)
+                .map(Bytes::from)
+                .map_err(|e| e.to_string())?;
+            if let Err(e) = l2.put(&frame.digest, &b) {
+                tracing::warn!(error = %e, "could not write frame to the disk cache");
+            }
+            Ok(b)
         })
         .await
         .map_err(|e| Failed(FetchError::Stopped(e.to_string())))?;
         match decoded {
-            Ok(v) => {
-                let b = Bytes::from(v);
-                self.keep(f, &b, prio);
+            Ok(b) => {
+                self.keep_l1(f, &b, prio);
                 Ok(b)
             }
             Err(reason) => {
@@ -603,19 +688,6 @@ fn publish(
 
 #[cfg(test)]
 mod tests {
-    #[test]
-    fn quiet_left_counts_from_last_demand() {
-        use super::quiet_left;
-        use std::time::Duration;
-        let ms = Duration::from_millis;
-        assert_eq!(quiet_left(ms(1000), ms(900), ms(500)), ms(400));
-        assert_eq!(quiet_left(ms(1000), ms(100), ms(500)), Duration::ZERO);
-        assert_eq!(
-            quiet_left(ms(1000), ms(900), Duration::ZERO),
-            Duration::ZERO
-        );
-    }
-
     use super::*;
     use crate::fetch::testutil::{build_layer, noise, tar_of, MemSource, T};
 

@@ -5,20 +5,30 @@
 //!   `registry/src/source.rs`), and [`FileBlobSource`] (local file, tests/benches);
 //!   registry blobs are `weenv_registry::RegistryRangeSource`.
 //! - [`plan`]: pure coalescing of frame misses into range requests.
+//! - [`link`]: the node's link scheduler: on-demand reads first, start-up prefetch and fill
+//!   below them (pure queue policy + async shell), promotion of prefetch requests a reader
+//!   waits for.
 //! - [`frames`]: [`FrameStore`], the read path L1 -> L2 -> source with single flight per
 //!   frame and verification of every frame before it is cached or served.
-//! - [`fill`]: background fill of whole layers, lower priority than on-demand reads (one read
-//!   per batch, no retry loop of its own).
+//! - [`cpu`]: background CPU and disk work at low priority (`SCHED_IDLE`/nice, ioprio) and
+//!   the fill's pause while the node's containers read.
+//! - [`fill`]: background fill of whole layers, lower priority than on-demand reads and
+//!   prefetch (one read per batch, no retry loop of its own).
+//! - [`prefetch`]: start-up prefetch of an image profile's frames.
 
+pub mod cpu;
 pub mod fill;
 pub mod frames;
+pub mod link;
 pub mod plan;
 pub mod prefetch;
 pub mod source;
 pub(crate) mod testutil;
 
+pub use cpu::{CpuPolicy, CpuPriority};
 pub use fill::{FillConfig, FillProgress, FillShared, FillState};
 pub use frames::{FrameStore, Priority};
+pub use link::{LinkPolicy, LinkScheduler};
 pub use prefetch::{run_prefetch, PrefetchProgress};
 pub use source::{CountingSource, FileBlobSource};
 pub use weenv_registry::RangeSource;

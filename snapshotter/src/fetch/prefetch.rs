@@ -2,12 +2,16 @@
 //! `io.weenv.prefetch.frames`, see `weenv_format::prefetch`) as soon as a layer is mounted,
 //! so the bytes the container reads first arrive while containerd is still creating it.
 //!
-//! Unlike the background fill it does not wait for a quiet link: it *is* the start-up
-//! traffic, and it counts as demand (the fill waits for it). Requests are small
-//! (`FillConfig::prefetch_batch_bytes`) and a few run at once, so a frame a reader waits for
-//! is published after its own request, not after the whole profile. Frames already in L2 are
-//! skipped; single flight makes a concurrent on-demand read of the same frame wait for the
-//! prefetch's copy instead of fetching it twice.
+//! It runs below on-demand reads and above the fill on the node's link ([`super::link`]): all
+//! of a profile's requests are claimed and queued at once, in the profile's order; the link
+//! sends them while no on-demand fetch is in flight (nor was for
+//! `FillConfig::prefetch_quiet_ms`), a few at a time (`FillConfig::prefetch_concurrency`,
+//! `FillConfig::background_bytes`), so a command the profile did not record is not slowed
+//! down by it. An on-demand read of a frame a queued request claimed promotes that request (sent
+//! at once; single flight: the reader waits for the prefetch's copy, nothing is fetched
+//! twice). Requests are small (`FillConfig::prefetch_batch_bytes`), so a frame a reader waits
+//! for is published after its own request, not after the whole profile. Frames already in L2
+//! are skipped.
 
 use super::fill::batches;
 use super::frames::{FrameStore, Priority};
@@ -55,15 +59,15 @@ pub fn prefetch_work(
     batches(toc, &missing, batch_bytes)
 }
 
-/// Fetches `wanted` frames of a layer into L2 (and L1) with `concurrency` requests at once.
-/// Failures are recorded in `progress` (the frames are then fetched on demand as usual).
+/// Fetches `wanted` frames of a layer into L2 (and L1): every request is queued at once on
+/// the link, which sends them below on-demand reads. Failures are recorded in `progress`
+/// (the frames are then fetched on demand as usual).
 pub async fn run_prefetch(
     store: Arc<FrameStore>,
     toc: Arc<Toc>,
     source: Arc<dyn RangeSource>,
     wanted: Vec<FrameIdx>,
     batch_bytes: u64,
-    concurrency: usize,
     progress: Arc<PrefetchProgress>,
 ) {
     let l2 = store.l2();
@@ -83,7 +87,9 @@ pub async fn run_prefetch(
     );
     let t0 = std::time::Instant::now();
     futures::stream::iter(work)
-        .for_each_concurrent(concurrency.max(1), |batch| {
+        // No limit here: every batch claims its frames and queues at once (profile order);
+        // the link scheduler decides what is sent.
+        .for_each_concurrent(None, |batch| {
             let (store, toc, source, progress) =
                 (store.clone(), toc.clone(), source.clone(), progress.clone());
             async move {
@@ -158,7 +164,6 @@ mod tests {
             s.clone(),
             want.clone(),
             1,
-            2,
             progress.clone(),
         )
         .await;
@@ -179,9 +184,65 @@ mod tests {
         assert_eq!(metrics.bytes_fetched_on_demand.load(Ordering::Relaxed), 0);
         // Again: everything present, nothing sent.
         let before = src.requests().len();
-        run_prefetch(store, toc, s, want, 1, 2, progress.clone()).await;
+        run_prefetch(store, toc, s, want, 1, progress.clone()).await;
         assert_eq!(src.requests().len(), before);
         assert_eq!(progress.frames_total.load(Ordering::Relaxed), 4);
         assert_eq!(progress.frames_done.load(Ordering::Relaxed), 4);
+    }
+
+    /// The link's order, end to end through the store: a demand read goes while prefetch
+    /// requests are queued; a reader of a frame a queued prefetch request claimed promotes
+    /// that request (sent at once, fetched once); the rest of the prefetch waits.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn demand_goes_first_and_promotes_the_prefetch_request_it_waits_for() {
+        let (toc, blob, store, metrics, _dir) = six_file_store();
+        let (src, gate) = MemSource::gated(blob);
+        let s: Arc<dyn RangeSource> = src.clone();
+        let range = |i: usize| (toc.frames[i].offset, toc.frames[i].clen);
+        let read = |i: u32| {
+            let (store, toc, s) = (store.clone(), toc.clone(), s.clone());
+            tokio::spawn(async move {
+                store
+                    .get_frames(&toc.frames, &s, &[FrameIdx(i)], Priority::OnDemand)
+                    .await
+            })
+        };
+        let first = read(0);
+        while src.requests().is_empty() {
+            tokio::task::yield_now().await;
+        }
+        let progress = Arc::new(PrefetchProgress::default());
+        let prefetch = tokio::spawn(run_prefetch(
+            store.clone(),
+            toc.clone(),
+            s.clone(),
+            vec![FrameIdx(1), FrameIdx(2), FrameIdx(3)],
+            1,
+            progress.clone(),
+        ));
+        // The prefetch claims its frames and queues; nothing is sent while demand is in flight.
+        while store.claimed() < 4 {
+            tokio::task::yield_now().await;
+        }
+        for _ in 0..100 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(src.requests(), vec![range(0)]);
+        // A reader of frame 3 promotes its request: sent now, ahead of frames 1 and 2.
+        let third = read(3);
+        while src.requests().len() < 2 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(src.requests(), vec![range(0), range(3)]);
+        assert_eq!(metrics.link_promotions.load(Ordering::Relaxed), 1);
+        gate.add_permits(1000);
+        first.await.unwrap().unwrap();
+        third.await.unwrap().unwrap();
+        prefetch.await.unwrap();
+        let reqs = src.requests();
+        assert_eq!(reqs.len(), 4, "each frame fetched once: {reqs:?}");
+        assert_eq!(&reqs[..2], &[range(0), range(3)]);
+        assert_eq!(progress.frames_done.load(Ordering::Relaxed), 3);
+        assert_eq!(store.demand_in_flight(), 0);
     }
 }

@@ -314,6 +314,7 @@ impl FsState {
 
     /// What reading `size` bytes at `offset` of file `ino` needs.
     pub fn read_plan(&self, ino: u64, offset: u64, size: u32) -> Result<ReadPlan, Errno> {
+        self.store.note_read(); // the node's containers are busy: background work pauses
         let (layer, node) = self.resolve(ino)?;
         if layer.quarantined() {
             return Err(Errno::EIO);
