@@ -49,6 +49,10 @@ pub struct ContainerdOptions {
     pub extra_config: String,
     /// How long to wait for the gRPC socket to answer. Default 30 s.
     pub start_timeout: Duration,
+    /// Run containerd (and so its shims) in this named network namespace
+    /// (`/run/netns/<name>`, entered with `nsenter --net`, which keeps the mount namespace:
+    /// FUSE mounts stay visible). Default `None`: the caller's.
+    pub netns: Option<String>,
 }
 
 /// A namespace no other test process or test in this process uses.
@@ -66,6 +70,7 @@ impl Default for ContainerdOptions {
             namespace: unique_namespace(),
             extra_config: String::new(),
             start_timeout: Duration::from_secs(30),
+            netns: None,
         }
     }
 }
@@ -128,7 +133,15 @@ impl Containerd {
             std::env::var_os("PATH").unwrap_or_else(|| "/usr/sbin:/usr/bin:/sbin:/bin".into()),
         );
         let log = fs::File::create(base.join("containerd.log"))?;
-        let child = Command::new("containerd")
+        let mut cmd = match &opts.netns {
+            Some(ns) => {
+                let mut c = Command::new("nsenter");
+                c.arg(format!("--net=/run/netns/{ns}")).arg("containerd");
+                c
+            }
+            None => Command::new("containerd"),
+        };
+        let child = cmd
             .arg("--config")
             .arg(&cfg_path)
             .env("PATH", path)

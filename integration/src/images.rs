@@ -70,6 +70,49 @@ pub fn busybox() -> Result<OciImage> {
     })
 }
 
+/// busybox plus `/data`: `files` incompressible files of `file_kib` KiB each (deterministic
+/// pseudo-random bytes) and `/data/SHA256SUMS` listing them, so `cd /data && sha256sum -c
+/// SHA256SUMS` reads every byte and checks it. One gzip layer. Tag `data`. The cluster tests of
+/// the peer cache use it (small, so 5 nodes fit a 2-core CI machine).
+pub fn busybox_data(files: usize, file_kib: usize) -> Result<OciImage> {
+    cached(
+        &format!("busybox-data-{files}x{file_kib}k"),
+        "data",
+        |dir| {
+            let layout = dir.join("oci");
+            let bundle = dir.join("bundle");
+            let img = umoci_new(&layout, "data")?;
+            run(Command::new("umoci")
+                .args(["unpack", "--image", &img])
+                .arg(&bundle))?;
+            let rootfs = bundle.join("rootfs");
+            populate_busybox(&rootfs)?;
+            let data = rootfs.join("data");
+            fs::create_dir_all(&data)?;
+            let mut sums = String::new();
+            let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+            for i in 0..files {
+                let mut buf = vec![0u8; file_kib << 10];
+                for chunk in buf.chunks_mut(8) {
+                    // xorshift64: incompressible, so frames are as large compressed as not.
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    chunk.copy_from_slice(&x.to_le_bytes()[..chunk.len()]);
+                }
+                let name = format!("f{i:04}");
+                fs::write(data.join(&name), &buf)?;
+                sums.push_str(&format!("{}  {name}\n", hex::encode(Sha256::digest(&buf))));
+            }
+            fs::write(data.join("SHA256SUMS"), sums)?;
+            umoci_repack_sh(&img, &bundle, "PATH=/bin:/usr/bin:/sbin:/usr/sbin")?;
+            fs::remove_dir_all(&bundle)
+                .with_context(|| format!("removing {}", bundle.display()))?;
+            Ok(layout)
+        },
+    )
+}
+
 /// `umoci init` of the OCI layout `layout` and `umoci new` of the empty image `tag` in it;
 /// returns the `LAYOUT:TAG` image reference umoci takes.
 pub(crate) fn umoci_new(layout: &Path, tag: &str) -> Result<String> {

@@ -5,9 +5,12 @@
 //! - [`registry`]: a private `docker-registry` (and a counting proxy).
 //! - [`images`]: test images built offline (busybox-static, Debian via debootstrap).
 //! - [`containerd`]: a private containerd with the weenv proxy snapshotter and shim.
+//! - [`cluster`]: K nodes in network namespaces (own containerd + snapshotter each) and a
+//!   registry behind an HTB-shaped link, for the peer cache.
 //! - [`untrusted_resources`]: images that try to exhaust the daemon's disk and memory.
 //! - [`untrusted_tocbind`]: weenv images whose TOC lies about the tar in the same blob.
 
+pub mod cluster;
 pub mod containerd;
 pub mod images;
 pub mod registry;
