@@ -354,7 +354,7 @@ impl LayerStore {
                 keeper,
                 handed_over: AtomicBool::new(false),
                 fills: Mutex::new(HashMap::new()),
-                fill_budget: Arc::new(FillShared::new(cfg.fill.concurrency)),
+                fill_budget: Arc::new(FillShared::default()),
                 cfg,
             }));
         }
