@@ -583,8 +583,10 @@ pub(crate) async fn prepare_layers(
                 let applied = apply_layer(registry, c, &src.reference, layer, mounts)
                     .await
                     .and_then(|actual| check_diff_id(layer.digest.as_str(), &diff_ids[i], actual));
+                // A concurrent pull or run committed the same chain first (containerd's
+                // unpacker treats this as success too): ours is dropped, theirs is the layer.
                 let done = match applied {
-                    Ok(()) => snaps
+                    Ok(()) => match snaps
                         .clone()
                         .commit(c.req(CommitSnapshotRequest {
                             snapshotter: snapshotter.to_string(),
@@ -593,11 +595,14 @@ pub(crate) async fn prepare_layers(
                             labels: HashMap::new(),
                         }))
                         .await
-                        .map(|_| ())
-                        .map_err(ctd("snapshot commit")),
+                    {
+                        Ok(_) => Ok(true),
+                        Err(s) if s.code() == Code::AlreadyExists => Ok(false),
+                        Err(s) => Err(ctd("snapshot commit")(s)),
+                    },
                     Err(e) => Err(e),
                 };
-                if let Err(e) = done {
+                if !matches!(done, Ok(true)) {
                     let _ = snaps
                         .clone()
                         .remove(c.req(RemoveSnapshotRequest {
@@ -605,9 +610,12 @@ pub(crate) async fn prepare_layers(
                             key,
                         }))
                         .await;
-                    return Err(e);
                 }
-                report.applied_layers += 1;
+                match done {
+                    Ok(true) => report.applied_layers += 1,
+                    Ok(false) => report.present_layers += 1,
+                    Err(e) => return Err(e),
+                }
             }
         }
         parent = chain.clone();

@@ -220,7 +220,11 @@ impl ResolveCache {
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir).map_err(io_err)?;
         }
-        let tmp = path.with_extension(format!("json.tmp.{}", std::process::id()));
+        // Unique per save: concurrent saves (several plans composed at once in one process)
+        // must not write into one temp file; the last rename wins whole.
+        static SAVES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = SAVES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let tmp = path.with_extension(format!("json.tmp.{}.{n}", std::process::id()));
         let bytes = serde_json::to_vec(&self.file).map_err(|e| io_err(std::io::Error::other(e)))?;
         std::fs::write(&tmp, bytes).map_err(io_err)?;
         std::fs::rename(&tmp, path).map_err(io_err)?;

@@ -15,7 +15,7 @@ mod snapshotter_common;
 use anyhow::{ensure, Context, Result};
 use snapshotter_common::{Daemon, DaemonOptions};
 use std::path::{Path, PathBuf};
-use weenv_cli::run::{run_plan, RunError, RunOptions};
+use weenv_cli::run::{compose_and_start, run_plan, RunError, RunOptions};
 use weenv_converter::group::{create_group, GroupSource, GroupSpec};
 use weenv_converter::mutate::{mutate_group, MutateSpec};
 use weenv_converter::plan::parse_ref;
@@ -259,6 +259,42 @@ async fn scenario(lazy: bool) -> Result<()> {
         "init",
         "[mutation]\npatch = \"bug.diff\"\nroot = \"/src/repo\"\n",
     )?;
+    // several environments of one plan started at once (`compose_and_start` from one
+    // process, as a rollout benchmark does): same layers prepared concurrently, each container
+    // patched and run
+    let ch = weenv_cli::run::connect(e.ctd.address()).await?;
+    let mut starts = Vec::new();
+    for i in 0..3 {
+        let out = e.tmp.path().join(format!("out-par-{i}"));
+        std::fs::create_dir_all(&out)?;
+        let o = opts(
+            &e,
+            plan.clone(),
+            &format!("{}/weenv/env:init", e.host),
+            &format!("mut-par-{i}"),
+            snap,
+            &out,
+        );
+        let (client, ch) = (e.client.clone(), ch.clone());
+        starts.push(tokio::spawn(async move {
+            let mut tm = weenv_cli::run::Timings::default();
+            let mut s = compose_and_start(&client, ch, &o, &mut tm).await?;
+            let code = s.task.wait(false, &mut tm).await?;
+            s.task.remove(&mut tm).await?;
+            Ok::<_, RunError>((code, tm))
+        }));
+    }
+    let mut trees = Vec::new();
+    for (i, h) in starts.into_iter().enumerate() {
+        let (code, tm) = h.await??;
+        ensure!(code == 0, "parallel run {i}: exit {code}");
+        println!("{snap}: parallel run {i}: {}", tm.render());
+        trees.push(std::fs::read_to_string(
+            e.tmp.path().join(format!("out-par-{i}/tree")),
+        )?);
+    }
+    ensure!(trees.windows(2).all(|w| w[0] == w[1]), "{trees:#?}");
+
     let out_init = e.tmp.path().join("out-init");
     std::fs::create_dir_all(&out_init)?;
     let rep = run_plan(

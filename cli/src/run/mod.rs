@@ -64,6 +64,8 @@ pub enum RunError {
     Spec(#[from] SpecError),
     #[error("container rootfs: {0}")]
     Rootfs(#[from] RootfsError),
+    #[error("container rootfs: the mount/mutation task failed: {0}")]
+    RootfsTask(String),
     #[error("task stdio: {0}")]
     Stdio(std::io::Error),
     #[error("fetching the patch blob {digest}: {message}")]
@@ -344,24 +346,34 @@ async fn create_leased(
     if r.mutation.is_none() {
         timings.record(Step::Prepare, t.elapsed());
     }
-    let mounted = (|| -> Result<(UserDb, Option<Duration>), RunError> {
-        let root = MountedRootfs::mount(&mounts, r.mutation.is_none())?;
-        let users = read_users(root.path());
-        let mut apply = None;
-        if let Some((m, patch)) = r.mutation {
-            let a = Instant::now();
-            let res = apply_mutation_to_dir(root.path(), m, patch);
-            apply = Some(a.elapsed());
-            if let Err(error) = res {
-                return Err(RunError::Mutation {
-                    id: r.id.to_string(),
-                    error: Box::new(error),
-                });
+    // Mounting, the mutation and the unmount (which syncs the upper layer) block: off the
+    // async workers, so concurrent starts in one process do not wait on each other.
+    let id = r.id.to_string();
+    let (mounts_c, mutation) = (
+        mounts.clone(),
+        r.mutation.map(|(m, p)| (m.clone(), p.map(<[u8]>::to_vec))),
+    );
+    let mounted =
+        tokio::task::spawn_blocking(move || -> Result<(UserDb, Option<Duration>), RunError> {
+            let root = MountedRootfs::mount(&mounts_c, mutation.is_none())?;
+            let users = read_users(root.path());
+            let mut apply = None;
+            if let Some((m, patch)) = &mutation {
+                let a = Instant::now();
+                let res = apply_mutation_to_dir(root.path(), m, patch.as_deref());
+                apply = Some(a.elapsed());
+                if let Err(error) = res {
+                    return Err(RunError::Mutation {
+                        id,
+                        error: Box::new(error),
+                    });
+                }
             }
-        }
-        root.unmount()?;
-        Ok((users, apply))
-    })();
+            root.unmount()?;
+            Ok((users, apply))
+        })
+        .await
+        .unwrap_or_else(|e| Err(RunError::RootfsTask(e.to_string())));
     let (users, apply) = match mounted {
         Ok(v) => v,
         Err(e) => {
@@ -607,15 +619,20 @@ pub async fn compose_and_start(
     })
 }
 
+/// A channel to containerd at `address` (for [`compose_and_start`]; one serves many starts).
+pub async fn connect(address: &Path) -> Result<tonic::transport::Channel, RunError> {
+    containerd_client::connect(address)
+        .await
+        .map_err(|e| RunError::Connect {
+            address: address.to_path_buf(),
+            message: e.to_string(),
+        })
+}
+
 /// [`compose_and_start`], then wait for the task and (unless `o.keep`) remove it. Returns the
 /// task's exit code and the timings.
 pub async fn run_plan(client: &Client, o: &RunOptions) -> Result<RunReport, RunError> {
-    let ch = containerd_client::connect(&o.address)
-        .await
-        .map_err(|e| RunError::Connect {
-            address: o.address.clone(),
-            message: e.to_string(),
-        })?;
+    let ch = connect(&o.address).await?;
     let mut timings = Timings::default();
     let tm = &mut timings;
     let Started {
