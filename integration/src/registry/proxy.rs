@@ -1,5 +1,6 @@
-//! Counting HTTP/1.1 proxy: records every request (method, path, Range, status, bytes) and
-//! can play a bearer-token auth front, redirect blob GETs, or drop Range headers. Runs on its
+//! Counting HTTP/1.1 proxy: records every request (method, path, Range, status, bytes, when
+//! its response started and ended) and can play a bearer-token auth front, redirect blob GETs,
+//! drop Range headers, or send every body through one shared link of a fixed rate. Runs on its
 //! own thread with its own tokio runtime; dropping it stops it.
 
 use anyhow::Result;
@@ -25,6 +26,9 @@ pub struct ProxyRequest {
     pub response_bytes: u64,
     /// Request body bytes received from the client.
     pub request_bytes: u64,
+    /// When the response started / ended, in µs since the proxy started (end 0: not yet).
+    pub start_us: u64,
+    pub end_us: u64,
 }
 
 /// What the proxy saw.
@@ -61,13 +65,20 @@ impl ProxyStats {
             .map(|r| (r.method, r.path.split('?').next().unwrap_or("").to_string()))
             .collect()
     }
-    fn record(&self, r: ProxyRequest) {
+    /// Records `r`; returns its index for [`ProxyStats::finish`].
+    fn record(&self, r: ProxyRequest) -> usize {
         self.bytes_served
             .fetch_add(r.response_bytes, Ordering::SeqCst);
-        self.requests
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(r);
+        let mut g = self.requests.lock().unwrap_or_else(|p| p.into_inner());
+        g.push(r);
+        g.len() - 1
+    }
+    /// Request `i` (of [`ProxyStats::record`]) ended at `end_us`.
+    fn finish(&self, i: usize, end_us: u64) {
+        let mut g = self.requests.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(r) = g.get_mut(i) {
+            r.end_us = end_us;
+        }
     }
 }
 
@@ -91,6 +102,9 @@ pub struct ProxyOptions {
     pub redirect_blob_gets: bool,
     /// Drop `Range` headers before forwarding (a server that ignores Range).
     pub ignore_range: bool,
+    /// Send all response bodies through one link of this many bytes per second (64 KiB
+    /// chunks, first come first served across connections); 0 = unlimited.
+    pub rate_bytes_per_sec: u64,
 }
 
 /// Counting proxy in front of an upstream HTTP/1.1 server (stops on drop).
@@ -131,6 +145,8 @@ impl CountingProxy {
                     addr,
                     stats: st,
                     tokens: Mutex::new(Vec::new()),
+                    started: std::time::Instant::now(),
+                    link_free: Mutex::new(tokio::time::Instant::now()),
                 });
                 loop {
                     tokio::select! {
@@ -190,6 +206,46 @@ struct ProxyState {
     stats: Arc<ProxyStats>,
     /// Issued tokens and their scopes.
     tokens: Mutex<Vec<(String, Vec<String>)>>,
+    started: std::time::Instant,
+    /// When the shaped link is free again (`ProxyOptions::rate_bytes_per_sec`).
+    link_free: Mutex<tokio::time::Instant>,
+}
+
+impl ProxyState {
+    fn now_us(&self) -> u64 {
+        u64::try_from(self.started.elapsed().as_micros()).unwrap_or(u64::MAX)
+    }
+
+    /// Copies `len` body bytes from `r` to `w`, through the shaped link if there is one.
+    async fn copy_body<R, W>(&self, r: &mut R, w: &mut W, len: u64) -> Result<u64>
+    where
+        R: tokio::io::AsyncRead + Unpin,
+        W: tokio::io::AsyncWrite + Unpin,
+    {
+        let rate = self.opts.rate_bytes_per_sec;
+        if rate == 0 {
+            return Ok(tokio::io::copy(&mut r.take(len), w).await?);
+        }
+        let mut buf = vec![0u8; 64 << 10];
+        let mut done = 0u64;
+        while done < len {
+            let want = usize::try_from((len - done).min(buf.len() as u64))?;
+            let n = r.read(&mut buf[..want]).await?;
+            if n == 0 {
+                break;
+            }
+            let due = {
+                let mut free = self.link_free.lock().unwrap_or_else(|p| p.into_inner());
+                let start = (*free).max(tokio::time::Instant::now());
+                *free = start + std::time::Duration::from_secs_f64(n as f64 / rate as f64);
+                *free
+            };
+            tokio::time::sleep_until(due).await;
+            w.write_all(&buf[..n]).await?;
+            done += n as u64;
+        }
+        Ok(done)
+    }
 }
 
 struct Head {
@@ -473,6 +529,8 @@ async fn serve_conn(sock: TcpStream, state: Arc<ProxyState>) -> Result<()> {
             status: 0,
             response_bytes: 0,
             request_bytes: req_len,
+            start_us: state.now_us(),
+            end_us: 0,
         };
         if let Some((status, resp)) = local_answer(&state, &method, &path, &head) {
             rec.status = status;
@@ -530,9 +588,11 @@ async fn serve_conn(sock: TcpStream, state: Arc<ProxyState>) -> Result<()> {
             // (with the announced size) so a client that has the response sees its record.
             Some(len) if !no_body && !chunked => {
                 rec.response_bytes = len;
-                state.stats.record(rec);
+                rec.start_us = state.now_us();
+                let i = state.stats.record(rec);
                 cw.write_all(&resp_head.encode()).await?;
-                let copied = tokio::io::copy(&mut (&mut *ur).take(len), &mut cw).await?;
+                let copied = state.copy_body(&mut *ur, &mut cw, len).await?;
+                state.stats.finish(i, state.now_us());
                 anyhow::ensure!(
                     copied == len,
                     "upstream body ended after {copied} of {len} bytes"

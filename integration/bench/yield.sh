@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# "Background work yields" benchmark (issue 15), registry behind a $RATE HTB-shaped link
+# (lib.sh: shaped_registry), a fresh containerd + snapshotter root per run:
+#
+# (a) warm right after cold: pull + $CMD cold (fill on), then $CMD again at once, while the
+#     background fill of the image runs (the second run's bytes are all on the node already),
+#     then, after the fill and the native switch are done, $CMD a third time. Ratio =
+#     warm-after-fill / warm-right-after-cold (1.0 = the running fill costs nothing). Run twice:
+#     with the daemon's defaults (fill work at SCHED_IDLE, paused while FUSE reads come) and
+#     with yielding off on the CPU (`cpu_priority = "normal"`, `busy_ms = 0`).
+#     Page cache is not dropped between the runs (the second task of a rollout on a node).
+# (b) profile for a bigger command: the image gets a start-up profile recorded for $BIG
+#     (python reading every file under /usr: a prefetch of most of the image); pull + $CMD cold
+#     on the image with that profile vs without a profile (fill on). Ratio = without / with
+#     (1.0 = the unrelated profile costs the command nothing).
+#
+# Medians of $RUNS runs; times are wall clock on the host around `weenv pull` + `ctr run --rm`.
+# Needs root, containerd, ctr, runc, docker-registry, skopeo, ip, tc, bc, fuse3 and (release
+# for the published numbers):
+#   cargo build --release -p weenv-snapshotter -p weenv-cli -p weenv-converter
+#   WEENV_BIN=target/release integration/bench/yield.sh [OCI_LAYOUT:TAG]
+# Env: RUNS (3), RATE (200mbit), LATENCY_MS (5), CMD, BIG.
+set -euo pipefail
+
+RUNS=${RUNS:-3}
+RATE=${RATE:-200mbit}
+LATENCY_MS=${LATENCY_MS:-5}
+CMD=${CMD:-"import asyncio, email.mime.multipart, http.client, json, sqlite3, unittest, xml.dom.minidom"}
+BIG=${BIG:-"import os
+for d, _, fs in os.walk('/usr'):
+    for f in fs:
+        p = os.path.join(d, f)
+        try:
+            if os.path.isfile(p) and not os.path.islink(p): open(p, 'rb').read()
+        except OSError: pass"}
+BIN=${WEENV_BIN:-$(cd "$(dirname "$0")/../.." && pwd)/target/debug}
+. "$(dirname "$0")/lib.sh"
+IMG=${1:-$(default_image)}
+bench_need containerd ctr runc docker-registry skopeo ip tc bc
+bench_need_bins weenv-snapshotter weenv weenv-convert
+bench_workdir weenv-yield
+
+shaped_registry "$RATE" "$LATENCY_MS"
+log "registry at $REG ($RATE, +${LATENCY_MS} ms)"
+skopeo copy -q --dest-tls-verify=false "oci:$IMG" "docker://$REG/bench:gz"
+"$BIN/weenv-convert" --plain-http "$REG" image "$REG/bench:gz" "$REG/bench:weenv" >"$W/convert.log" 2>&1
+log "converted: $(tail -1 "$W/convert.log")"
+
+weenv_() { "$BIN/weenv" --config "$1/snap.toml" "${@:2}"; }
+pull() { weenv_ "$1" pull -a "$1/ctd.sock" -n default --plain-http "$2" >/dev/null; }
+run() { ctr -a "$1/ctd.sock" run --rm --snapshotter weenv "$2" "$3" python3 -c "$4" >/dev/null; }
+since() { echo "$(now) - $1" | bc; }
+# ---- (b) the profile of a bigger command -------------------------------------------------
+d="$W/record"; start_stack "$d" false
+pull "$d" "$REG/bench:weenv"
+weenv_ "$d" profile --reset >/dev/null
+run "$d" "$REG/bench:weenv" rec "$BIG"
+weenv_ "$d" profile >"$W/big.profile"
+stop_stack "$d"
+"$BIN/weenv-convert" --plain-http "$REG" prefetch "$REG/bench:weenv" --profile "$W/big.profile" \
+    --to "$REG/bench:weenv-big" >"$W/prefetch.log" 2>&1
+log "profile of the bigger command: $(wc -l <"$W/big.profile") files; $(tail -1 "$W/prefetch.log")"
+
+declare -A R
+for i in $(seq "$RUNS"); do
+    # (a) warm right after cold vs warm after the fill, yielding on (defaults) and off
+    for k in yield noyield; do
+        if [ $k = noyield ]; then export SNAP_FILL_EXTRA=$'cpu_priority = "normal"\nbusy_ms = 0'; else unset SNAP_FILL_EXTRA; fi
+        d="$W/a-$k-$i"; start_stack "$d" true
+        t0=$(now); pull "$d" "$REG/bench:weenv"; run "$d" "$REG/bench:weenv" c1 "$CMD"; R[${k}_cold]+="$(since "$t0") "
+        t0=$(now); run "$d" "$REG/bench:weenv" c2 "$CMD"; R[${k}_early]+="$(since "$t0") "
+        wait_fill "$d" # Done comes after the completion check and the native switch
+        t0=$(now); run "$d" "$REG/bench:weenv" c3 "$CMD"; R[${k}_late]+="$(since "$t0") "
+        stop_stack "$d"
+    done
+    unset SNAP_FILL_EXTRA
+    # (b) the command on the image without / with the bigger command's profile
+    for k in plain big; do
+        img="$REG/bench:weenv"; [ $k = big ] && img="$REG/bench:weenv-big"
+        d="$W/b-$k-$i"; start_stack "$d" true
+        b0=$(rx); t0=$(now); pull "$d" "$img"; run "$d" "$img" c1 "$CMD"; R[b_$k]+="$(since "$t0") "
+        R[b_${k}_bytes]+="$(($(rx) - b0)) "
+        stop_stack "$d"
+    done
+    log "run $i done"
+done
+
+m() { echo "${R[$1]}" | tr ' ' '\n' | grep -v '^$' | median; }
+ratio() { echo "scale=2; $1 / $2" | bc; }
+printf '\n%s\n' "median of $RUNS, $RATE +${LATENCY_MS} ms, CMD: python3 -c '$CMD'"
+printf '%-48s %8s %8s %8s %8s\n' "(a) warm right after cold (s)" cold early filled ratio
+for k in yield noyield; do
+    printf '%-48s %8s %8s %8s %8s\n' "  $k $([ $k = yield ] && echo '(defaults)' || echo '(cpu_priority=normal, busy_ms=0)')" \
+        "$(m ${k}_cold)" "$(m ${k}_early)" "$(m ${k}_late)" "$(ratio "$(m ${k}_late)" "$(m ${k}_early)")"
+done
+echo "  (ratio = warm after fill / warm right after cold; 1.00 = the running fill costs nothing)"
+printf '%-48s %8s %8s %8s\n' "(b) pull + command cold (s)" plain big-prof ratio
+printf '%-48s %8s %8s %8s\n' "  image without / with the bigger profile" "$(m b_plain)" "$(m b_big)" "$(ratio "$(m b_plain)" "$(m b_big)")"
+printf '%-48s %8s %8s\n' "  bytes received (MB)" "$(echo "scale=1; $(m b_plain_bytes)/1000000" | bc)" "$(echo "scale=1; $(m b_big_bytes)/1000000" | bc)"
+echo "  (ratio = without / with the profile; 1.00 = the unrelated profile costs nothing)"
