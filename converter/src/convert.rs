@@ -3,7 +3,8 @@
 //! For every image manifest (every platform of an index, or the one `--platform` names):
 //! the config blob is copied untouched (diff_ids and chain IDs stay what they were), every
 //! layer is fetched to a local file (registry) or read in place (layout, archive), converted
-//! on a blocking thread (at most `jobs` layers at a time, streaming), checked against its
+//! on a blocking thread (at most `jobs` layers at a time, streaming; the frames of each layer
+//! compressed on `workers` threads), checked against its
 //! diff_id, and put into the destination; layers that are already weenv layers pass through
 //! unchanged. Then the manifest is rewritten (OCI media types, weenv layer descriptors with
 //! their annotations) and pushed, and finally the index or the manifest is tagged.
@@ -49,8 +50,12 @@ pub struct ConvertOptions {
     pub writer: WriterOptions,
     /// Convert only this platform of an index (the output is then a plain manifest).
     pub platform: Option<Platform>,
-    /// Layers converted at the same time (each uses one core). Default: available cores.
+    /// Layers converted at the same time. Default: available cores.
     pub jobs: usize,
+    /// Threads compressing the frames of one layer (the layer's own thread cuts the tar stream
+    /// into frames and writes them in order; 1 = it compresses them itself). The output does not
+    /// depend on it. Default: available cores, so a single big layer uses every core.
+    pub workers: usize,
     /// Chunk size of chunked blob uploads. Default 16 MiB.
     pub upload_chunk: usize,
 }
@@ -64,6 +69,7 @@ impl Default for ConvertOptions {
             },
             platform: None,
             jobs: std::thread::available_parallelism().map_or(2, |n| n.get()),
+            workers: std::thread::available_parallelism().map_or(2, |n| n.get()),
             upload_chunk: 16 << 20,
         }
     }
@@ -115,11 +121,13 @@ pub async fn convert_image(
     opts.writer
         .validate()
         .map_err(|e| ConvertError::format("options", e))?;
-    if opts.jobs == 0 {
-        return Err(ConvertError::BadOption {
-            field: "--jobs",
-            reason: "must be at least 1".into(),
-        });
+    for (field, v) in [("--jobs", opts.jobs), ("--workers", opts.workers)] {
+        if v == 0 {
+            return Err(ConvertError::BadOption {
+                field,
+                reason: "must be at least 1".into(),
+            });
+        }
     }
     let started = Instant::now();
     let source = {
@@ -345,13 +353,14 @@ impl Ctx<'_> {
         }
         let out = self.scratch.join(format!("out-{index}-{}", l.digest.hex()));
         let summary = {
-            let (b, o, w, dg) = (
+            let (b, o, w, dg, n) = (
                 blob.clone(),
                 out.clone(),
                 self.opts.writer.clone(),
                 l.digest.to_string(),
+                self.opts.workers,
             );
-            tokio::task::spawn_blocking(move || convert_blob(&b, &dg, &o, &w))
+            tokio::task::spawn_blocking(move || convert_blob(&b, &dg, &o, &w, n))
                 .await
                 .map_err(|e| ConvertError::Task(e.to_string()))?
         };

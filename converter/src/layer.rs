@@ -9,7 +9,7 @@ use std::io::{BufReader, BufWriter, Read};
 use std::path::Path;
 use weenv_format::footer::{Footer, FOOTER_SIZE};
 use weenv_format::reader::TocHint;
-use weenv_format::writer::{write_layer, LayerSummary, WriterOptions};
+use weenv_format::writer::{write_layer_parallel, LayerSummary, WriterOptions};
 use weenv_format::{RangeRead, ANNOTATION_FORMAT_VERSION, FORMAT_VERSION};
 
 /// Compression of a layer blob.
@@ -130,12 +130,14 @@ pub fn tar_reader(blob: &LocalBlob) -> Result<Box<dyn Read + Send>, ConvertError
     })
 }
 
-/// Convert `blob` (any supported compression) into a weenv layer at `out`.
+/// Convert `blob` (any supported compression) into a weenv layer at `out`, its frames
+/// compressed on `workers` threads (the blob is the same for any number).
 pub fn convert_blob(
     blob: &LocalBlob,
     digest: &str,
     out: &Path,
     opts: &WriterOptions,
+    workers: usize,
 ) -> Result<LayerSummary, ConvertError> {
     let input = tar_reader(blob)?;
     // Decompression of the source on its own thread, 4 MiB ahead at most.
@@ -147,7 +149,7 @@ pub fn convert_blob(
     let file = std::fs::File::create(out)
         .map_err(|e| ConvertError::io(format!("creating {}", out.display()), e))?;
     let w = BufWriter::with_capacity(1 << 20, file);
-    write_layer(input, w, opts).map_err(|e| ConvertError::format(digest, e))
+    write_layer_parallel(input, w, opts, workers).map_err(|e| ConvertError::format(digest, e))
 }
 
 #[cfg(test)]

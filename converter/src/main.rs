@@ -60,6 +60,10 @@ enum Cmd {
         /// Layers converted at once (default: number of cores).
         #[arg(long)]
         jobs: Option<usize>,
+        /// Threads compressing the frames of one layer (default: number of cores; 1 = the
+        /// layer's own thread compresses). The output is the same for any number.
+        #[arg(long)]
+        workers: Option<usize>,
         /// After converting, attach this start-up prefetch profile to DST (as `prefetch DST
         /// --profile FILE`; `-` reads stdin). Read before converting.
         #[arg(long, value_name = "FILE")]
@@ -206,6 +210,7 @@ fn run() -> Result<()> {
                 small_file_threshold,
                 level,
                 jobs,
+                workers,
                 prefetch_profile,
             } => {
                 let profile = prefetch_profile.as_deref().map(read_profile).transpose()?;
@@ -221,6 +226,9 @@ fn run() -> Result<()> {
                 };
                 if let Some(j) = jobs {
                     opts.jobs = j;
+                }
+                if let Some(w) = workers {
+                    opts.workers = w;
                 }
                 let bars = Arc::new(Bars {
                     multi: MultiProgress::new(),

@@ -33,6 +33,7 @@ pub mod testdata;
 pub mod toc;
 mod validate;
 pub mod writer;
+mod writer_pool;
 
 pub use digest::Digest;
 pub use error::FormatError;
@@ -43,7 +44,9 @@ pub use range::RangeRead;
 pub use reader::{LayerReader, TocHint, VerifyReport};
 pub use tarcheck::{check_entry_header, StreamChecker, StreamReport};
 pub use toc::{ChunkRef, Entry, EntryKind, Frame, FrameIdx, Toc, TocLimits};
-pub use writer::{descriptor_annotations, write_layer, LayerSummary, WriterOptions};
+pub use writer::{
+    descriptor_annotations, write_layer, write_layer_parallel, LayerSummary, WriterOptions,
+};
 
 /// Layer media type of a weenv layer (it is an ordinary zstd layer).
 pub const MEDIA_TYPE_LAYER_ZSTD: &str = "application/vnd.oci.image.layer.v1.tar+zstd";

@@ -16,7 +16,8 @@
 use crate::footer::{skippable_header, Footer, FOOTER_SIZE, SKIPPABLE_HEADER, TOC_SKIPPABLE_MAGIC};
 use crate::frame::MAX_FRAME_ULEN;
 use crate::tar::{walk, TarSink};
-use crate::toc::{ChunkRef, Entry, EntryKind, Frame, FrameIdx, Toc, MAX_TOC_COMPRESSED};
+use crate::toc::{ChunkRef, Entry, EntryKind, Toc, MAX_TOC_COMPRESSED};
+use crate::writer_pool::FrameOut;
 use crate::{
     Digest, FormatError, ANNOTATION_FORMAT_VERSION, ANNOTATION_TOC_DIGEST, ANNOTATION_TOC_LENGTH,
     ANNOTATION_TOC_OFFSET, FORMAT_VERSION,
@@ -125,24 +126,6 @@ pub fn descriptor_annotations(s: &LayerSummary) -> BTreeMap<String, String> {
     ])
 }
 
-/// Counts and hashes what is written.
-struct HashingWriter<W> {
-    inner: W,
-    written: u64,
-    hash: Sha256,
-}
-
-impl<W: Write> HashingWriter<W> {
-    fn put(&mut self, bytes: &[u8]) -> Result<(), FormatError> {
-        self.inner
-            .write_all(bytes)
-            .map_err(|e| FormatError::io("writing the layer blob", e))?;
-        self.written += bytes.len() as u64;
-        self.hash.update(bytes);
-        Ok(())
-    }
-}
-
 #[derive(Clone, Copy)]
 enum Payload {
     None,
@@ -158,8 +141,7 @@ enum Payload {
 
 struct Sink<'o, W: Write> {
     opts: &'o WriterOptions,
-    out: HashingWriter<W>,
-    comp: zstd::bulk::Compressor<'static>,
+    out: FrameOut<W>,
     shared: Vec<u8>,
     chunk: Vec<u8>,
     payload: Payload,
@@ -169,50 +151,26 @@ struct Sink<'o, W: Write> {
 }
 
 impl<W: Write> Sink<'_, W> {
-    fn emit(&mut self, data: &[u8]) -> Result<FrameIdx, FormatError> {
-        let idx = FrameIdx(u32::try_from(self.toc.frames.len()).map_err(|_| {
-            FormatError::AbsurdSize {
-                what: "frame count",
-                value: self.toc.frames.len() as u64,
-                limit: u32::MAX.into(),
-            }
-        })?);
-        let c = self
-            .comp
-            .compress(data)
-            .map_err(|e| FormatError::io("compressing a frame", e))?;
-        let offset = self.out.written;
-        self.out.put(&c)?;
-        self.toc.frames.push(Frame {
-            offset,
-            clen: c.len() as u64,
-            ulen: data.len() as u64,
-            digest: Digest::sha256(data),
-        });
-        Ok(idx)
-    }
-
     fn flush_shared(&mut self) -> Result<(), FormatError> {
         if !self.shared.is_empty() {
-            let data = std::mem::take(&mut self.shared);
-            self.emit(&data)?;
-            self.shared = data;
-            self.shared.clear();
+            let next = self.out.buffer(self.opts.frame_size as usize);
+            let data = std::mem::replace(&mut self.shared, next);
+            self.out.emit(data)?;
         }
         Ok(())
     }
 
     fn flush_chunk(&mut self, entry: usize, file_offset: u64) -> Result<(), FormatError> {
-        let data = std::mem::take(&mut self.chunk);
-        let frame = self.emit(&data)?;
+        let next = self.out.buffer(self.opts.chunk_size as usize);
+        let data = std::mem::replace(&mut self.chunk, next);
+        let len = data.len() as u64;
+        let frame = self.out.emit(data)?;
         self.toc.entries[entry].chunks.push(ChunkRef {
             file_offset,
             frame,
             frame_offset: 0,
-            len: data.len() as u64,
+            len,
         });
-        self.chunk = data;
-        self.chunk.clear();
         Ok(())
     }
 }
@@ -252,7 +210,7 @@ impl<W: Write> TarSink for Sink<'_, W> {
             if self.shared.len() as u64 + size > self.opts.frame_size {
                 self.flush_shared()?;
             }
-            let frame = FrameIdx(u32::try_from(self.toc.frames.len()).unwrap_or(u32::MAX));
+            let frame = self.out.next_idx();
             self.toc.entries[idx].chunks.push(ChunkRef {
                 file_offset: 0,
                 frame,
@@ -359,31 +317,44 @@ pub fn retail(
     ))
 }
 
-/// Convert the tar stream `input` into a weenv layer written to `output`.
+/// Convert the tar stream `input` into a weenv layer written to `output`, compressing every
+/// frame on the calling thread. Same as [`write_layer_parallel`] with one worker.
 pub fn write_layer<R: Read, W: Write>(
     input: R,
     output: W,
     opts: &WriterOptions,
 ) -> Result<LayerSummary, FormatError> {
+    write_layer_parallel(input, output, opts, 1)
+}
+
+/// Convert the tar stream `input` into a weenv layer written to `output`, compressing frames
+/// on `workers` threads while the calling thread walks the tar stream and writes the frames in
+/// order (`workers <= 1`: everything on the calling thread, no thread started). The output is
+/// the same byte for byte whatever `workers` is; at most `2 * workers` frames are in flight.
+pub fn write_layer_parallel<R: Read, W: Write>(
+    input: R,
+    output: W,
+    opts: &WriterOptions,
+    workers: usize,
+) -> Result<LayerSummary, FormatError> {
     opts.validate()?;
-    let mut comp = zstd::bulk::Compressor::new(opts.level)
-        .map_err(|e| FormatError::io("creating a zstd compressor", e))?;
-    for p in [
-        zstd::zstd_safe::CParameter::ContentSizeFlag(true),
-        zstd::zstd_safe::CParameter::ChecksumFlag(false),
-        zstd::zstd_safe::CParameter::DictIdFlag(false),
-    ] {
-        comp.set_parameter(p)
-            .map_err(|e| FormatError::io("configuring the zstd compressor", e))?;
+    if workers <= 1 {
+        return write_frames(input, FrameOut::inline(output, opts.level)?, opts);
     }
+    std::thread::scope(|scope| {
+        let out = FrameOut::pool(output, opts.level, workers, scope)?;
+        write_frames(input, out, opts)
+    })
+}
+
+fn write_frames<R: Read, W: Write>(
+    input: R,
+    out: FrameOut<W>,
+    opts: &WriterOptions,
+) -> Result<LayerSummary, FormatError> {
     let mut sink = Sink {
         opts,
-        out: HashingWriter {
-            inner: output,
-            written: 0,
-            hash: Sha256::new(),
-        },
-        comp,
+        out,
         shared: Vec::with_capacity(opts.frame_size as usize),
         chunk: Vec::new(),
         payload: Payload::None,
@@ -394,18 +365,20 @@ pub fn write_layer<R: Read, W: Write>(
     // The walker reads 64 KiB at a time, so unbuffered inputs cost no syscall per block.
     walk(input, &mut sink)?;
     sink.flush_shared()?;
+    sink.out.finish()?;
+    sink.toc.frames = std::mem::take(&mut sink.out.frames);
 
-    let toc_offset = sink.out.written;
+    let out = &mut sink.out.out;
+    let toc_offset = out.written;
     let (tail, toc_digest, toc_len) = toc_tail(&sink.toc, toc_offset)?;
-    sink.out.put(&tail)?;
-    sink.out
-        .inner
+    out.put(&tail)?;
+    out.inner
         .flush()
         .map_err(|e| FormatError::io("flushing the layer blob", e))?;
-    let blob_digest = Digest::from_sha256_bytes(&sink.out.hash.finalize().into());
+    let blob_digest = Digest::from_sha256_bytes(&out.hash.clone().finalize().into());
     Ok(LayerSummary {
         blob_digest,
-        blob_size: sink.out.written,
+        blob_size: out.written,
         diff_id: Digest::from_sha256_bytes(&sink.diff.finalize().into()),
         toc_digest,
         toc_offset,

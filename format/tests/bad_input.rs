@@ -80,6 +80,16 @@ fn truncated_tar() {
             "cut at {cut}"
         );
     }
+    // With frames in flight on a worker pool, the error still comes back (no hang).
+    let mut t = TarBuilder::new();
+    for i in 0..200 {
+        t.file(&format!("f{i}"), &[i as u8; 3000]);
+    }
+    let tar = t.finish();
+    let cut = tar.len() / 2 + 100;
+    let err = weenv_format::write_layer_parallel(&tar[..cut], Vec::new(), &small_frames(), 3)
+        .unwrap_err();
+    assert!(matches!(err, FormatError::TruncatedTar { .. }), "{err}");
 }
 
 #[test]

@@ -8,7 +8,8 @@ use common::*;
 use proptest::prelude::*;
 use std::collections::BTreeMap;
 use weenv_format::{
-    descriptor_annotations, write_layer, Digest, EntryKind, LayerReader, TocHint, WriterOptions,
+    descriptor_annotations, write_layer, write_layer_parallel, Digest, EntryKind, LayerReader,
+    TocHint, WriterOptions,
 };
 
 #[derive(Clone, Debug)]
@@ -247,6 +248,13 @@ fn check(tar: &[u8], exp: &[Expect], opts: &WriterOptions) -> Result<(), TestCas
     prop_assert_eq!(sum.uncompressed_size, tar.len() as u64);
     prop_assert_eq!(sum.entry_count, exp.len() as u64);
     prop_assert_eq!(sum.toc_offset + sum.toc_length, blob.len() as u64);
+    // Frames compressed on a worker pool: the same blob byte for byte.
+    for workers in [2, 3] {
+        let mut par = Vec::new();
+        let psum = write_layer_parallel(tar, &mut par, opts, workers).unwrap();
+        prop_assert!(par == blob, "{} workers: blob differs", workers);
+        prop_assert_eq!(&psum, &sum);
+    }
 
     // With the annotations: exactly one read, no size().
     let hint = TocHint::from_annotations(&descriptor_annotations(&sum))
@@ -368,6 +376,44 @@ fn large_file_is_chunked_and_random_reads_match() {
     }
     assert_eq!(r.read_file("small", 0, 100).unwrap(), b"hello");
     assert_eq!(r.read_file("after", 1, 100).unwrap(), b"orld");
+}
+
+/// A layer with many small files (several shared frames, files packed up to the frame edge)
+/// and big files (many chunk frames, a short last chunk), compressed on 1..=4 workers with
+/// default and tiny frames: every blob equals the sequential one byte for byte.
+#[test]
+fn parallel_compression_is_byte_identical() {
+    let mut t = TarBuilder::new();
+    t.dir("usr/");
+    t.dir("usr/lib/");
+    for i in 0..1500u64 {
+        let len = (i * 7919 % 6000) as usize;
+        let mut data = weenv_format::testdata::noise(i, len / 2);
+        data.extend(std::iter::repeat_n(b'a' + (i % 26) as u8, len - len / 2));
+        t.file(&format!("usr/lib/mod{i}.py"), &data);
+    }
+    let big: Vec<u8> = (0..3_500_000u32)
+        .map(|i| (i % 251) as u8 ^ (i >> 13) as u8)
+        .collect();
+    t.file("usr/lib/big.so", &big);
+    t.file(
+        "usr/lib/noise.bin",
+        &weenv_format::testdata::noise(9, 1_300_000),
+    );
+    t.file("usr/lib/after", b"tail");
+    let tar = t.finish();
+    for opts in [WriterOptions::default(), small_frames()] {
+        let mut seq = Vec::new();
+        let s = write_layer(&tar[..], &mut seq, &opts).unwrap();
+        assert!(s.frame_count > 10, "{} frames", s.frame_count);
+        assert_eq!(zstd_decompress(&seq), tar);
+        for workers in 1..=4 {
+            let mut par = Vec::new();
+            let p = write_layer_parallel(&tar[..], &mut par, &opts, workers).unwrap();
+            assert!(par == seq, "{workers} workers, {opts:?}: blob differs");
+            assert_eq!(p, s);
+        }
+    }
 }
 
 #[test]

@@ -18,6 +18,15 @@ pub async fn try_convert(
     src: &str,
     dst: &str,
 ) -> Result<weenv_converter::ImageReport, ConvertError> {
+    try_convert_with_workers(src, dst, ConvertOptions::default().workers).await
+}
+
+/// [`try_convert`] with the frames of each layer compressed on `workers` threads.
+pub async fn try_convert_with_workers(
+    src: &str,
+    dst: &str,
+    workers: usize,
+) -> Result<weenv_converter::ImageReport, ConvertError> {
     convert_image(
         &client(),
         &ImageLocation::parse(src)?,
@@ -29,6 +38,7 @@ pub async fn try_convert(
                 chunk_size: 2048,
                 level: 3,
             },
+            workers,
             ..Default::default()
         },
         Arc::new(NoProgress),
