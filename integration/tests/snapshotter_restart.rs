@@ -10,6 +10,12 @@
 //! new daemon takes the session over. Checked: 0 failed reads, 0 wrong bytes, both
 //! takeovers logged, a new container starts after each restart. Printed: reads, rate,
 //! longest and p99 read time around the takeovers, restart and new-container times.
+//!
+//! Opens that span a takeover: a second process in the reader container holds a big file of
+//! the image open through FUSE passthrough (complete file, opened after its copy was made);
+//! the new container started after each restart reads that same file (same inode), which
+//! the kernel allows only with the same backing file: the successor must reuse the
+//! predecessor's backing id (the live opens the keeper kept).
 
 mod snapshotter_common;
 
@@ -32,6 +38,35 @@ for d, dirs, files in os.walk('/usr'):
         if stat.S_ISREG(st.st_mode) and 0 < st.st_size <= 262144 and ' ' not in p:
             out.append('%s %s' % (hashlib.sha256(open(p, 'rb').read()).hexdigest(), p))
 sys.stdout.write('\n'.join(out) + '\n')
+"#;
+
+/// Prints `<sha256> <path>` of the first (by path) regular file of 1–8 MiB under /usr/lib.
+const BIG: &str = r#"
+import os, hashlib
+best = None
+for d, dirs, files in os.walk('/usr/lib'):
+    for n in files:
+        p = os.path.join(d, n)
+        if os.path.islink(p) or ' ' in p:
+            continue
+        if (1 << 20) <= os.path.getsize(p) <= (8 << 20) and (best is None or p < best):
+            best = p
+print(hashlib.sha256(open(best, 'rb').read()).hexdigest(), best)
+"#;
+
+/// Reads argv[1] whole a few times (its frames reach the disk cache, then the daemon makes a
+/// complete copy for passthrough), then holds it open and writes /io/held.
+const HOLDER: &str = r#"
+import sys, time
+p = sys.argv[1]
+for _ in range(4):
+    with open(p, 'rb') as f:
+        f.read()
+    time.sleep(1)
+f = open(p, 'rb')
+f.read()
+open('/io/held', 'w').write('1')
+time.sleep(600)
 "#;
 
 /// Reads random files of /io/manifest at argv[1] reads/s until /io/stop exists; writes
@@ -127,16 +162,33 @@ async fn read_on(io: &Path, more: u64) -> Result<()> {
     Ok(())
 }
 
-/// Time until a new container on the weenv snapshotter ran `true` (retried for 10 s).
-fn new_container(ctd: &Containerd, image: &str, id: &str) -> Result<Duration> {
+/// Time until a new container on the weenv snapshotter printed `sha256sum` of `big` (the
+/// file held open across the restart; retried for 10 s); fails on other bytes.
+fn new_container(ctd: &Containerd, image: &str, id: &str, big: (&str, &str)) -> Result<Duration> {
     let t = Instant::now();
     loop {
-        match ctr_run(ctd, "restart", "weenv", image, id, &["true"]) {
-            Ok(_) => return Ok(t.elapsed()),
+        match ctr_run(ctd, "restart", "weenv", image, id, &["sha256sum", big.1]) {
+            Ok(out) => {
+                ensure!(
+                    out.starts_with(big.0),
+                    "{id}: {} has other bytes: {out}",
+                    big.1
+                );
+                return Ok(t.elapsed());
+            }
             Err(e) if t.elapsed() > Duration::from_secs(10) => return Err(e),
             Err(_) => std::thread::sleep(Duration::from_millis(50)),
         }
     }
+}
+
+/// `weenv_passthrough_opens_total` of the running daemon.
+fn passthrough_opens(d: &Daemon) -> Result<u64> {
+    let m = d.weenv(&["metrics"])?;
+    m.lines()
+        .find_map(|l| l.strip_prefix("weenv_passthrough_opens_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .context("no weenv_passthrough_opens_total")
 }
 
 /// (longest, p99) of the read times started in `[from, to)` seconds.
@@ -182,6 +234,15 @@ async fn running_container_reads_through_kill_and_restart() -> Result<()> {
     )?;
     let files = manifest.lines().count();
     ensure!(files > 1000, "only {files} files in the manifest");
+    let big_line = ctr_run(
+        &ctd,
+        "truth",
+        "overlayfs",
+        &pi.gz,
+        "big",
+        &["python3", "-c", BIG],
+    )?;
+    let (big_sum, big_path) = big_line.trim().split_once(' ').context("no big file")?;
 
     let io = ctd.dir().join("io");
     std::fs::create_dir_all(&io)?;
@@ -208,18 +269,46 @@ async fn running_container_reads_through_kill_and_restart() -> Result<()> {
     )?;
     ensure!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let t0 = Instant::now();
+    let mut holder = ctd
+        .ctr_command(
+            "restart",
+            &[
+                "task",
+                "exec",
+                "--exec-id",
+                "holder",
+                "reader",
+                "python3",
+                "-c",
+                HOLDER,
+                big_path,
+            ],
+        )
+        .stdin(std::process::Stdio::null())
+        .spawn()?;
+    let t = Instant::now();
+    while !io.join("held").exists() {
+        ensure!(
+            t.elapsed() < Duration::from_secs(60),
+            "the holder did not open {big_path}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let pt = passthrough_opens(&daemon)?;
+    ensure!(pt >= 1, "{big_path} was never opened with passthrough");
     read_on(&io, 2000).await.with_context(|| daemon.log())?;
 
     // 1. kill -9, then a new daemon at once.
     let t_kill = t0.elapsed().as_secs_f64();
     let crash = daemon.kill_and_restart()?;
-    let new1 = new_container(&ctd, &pi.direct, "after-kill")?;
+    let big = (big_sum, big_path);
+    let new1 = new_container(&ctd, &pi.direct, "after-kill", big).with_context(|| daemon.log())?;
     read_on(&io, 2000).await.with_context(|| daemon.log())?;
 
     // 2. Planned restart (an upgrade in place): SIGTERM, then the new daemon.
     let t_term = t0.elapsed().as_secs_f64();
     let term = daemon.term_and_restart()?;
-    let new2 = new_container(&ctd, &pi.direct, "after-term")?;
+    let new2 = new_container(&ctd, &pi.direct, "after-term", big).with_context(|| daemon.log())?;
     read_on(&io, 2000).await.with_context(|| daemon.log())?;
 
     std::fs::write(io.join("stop"), b"")?;
@@ -263,7 +352,7 @@ async fn running_container_reads_through_kill_and_restart() -> Result<()> {
         s_p99 * 1e3
     );
     println!(
-        "kill -9 → new daemon serving: {} ms; SIGTERM → new daemon serving: {} ms; new container after: {} ms / {} ms",
+        "kill -9 → new daemon serving: {} ms; SIGTERM → new daemon serving: {} ms; new container (reads {big_path}, held open with passthrough since before the restarts, {pt} passthrough opens) after: {} ms / {} ms",
         crash.as_millis(),
         term.as_millis(),
         new1.as_millis(),
@@ -283,6 +372,7 @@ async fn running_container_reads_through_kill_and_restart() -> Result<()> {
     );
 
     let _ = ctd.ctr_ns("restart", &["task", "kill", "-s", "KILL", "reader"]);
+    let _ = holder.wait();
     tokio::time::sleep(Duration::from_millis(300)).await;
     let _ = ctd.ctr_ns("restart", &["task", "rm", "-f", "reader"]);
     let _ = ctd.ctr_ns("restart", &["container", "rm", "reader"]);

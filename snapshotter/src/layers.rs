@@ -149,9 +149,11 @@ pub struct LayerStore {
     pending: Mutex<Option<Session<WeenvFs>>>,
     notifier: Option<Notifier>,
     /// The keeper holding a copy of the session's fd (see [`crate::handover`]).
-    keeper: Option<KeeperClient>,
+    keeper: Option<Arc<KeeperClient>>,
     /// The session was left to the keeper: never unmount it.
     handed_over: AtomicBool,
+    /// The thread sending live opens to the keeper.
+    open_log: Mutex<Option<std::thread::JoinHandle<()>>>,
     fills: Mutex<HashMap<Digest, JoinHandle<()>>>,
     fill_budget: Arc<FillShared>,
 }
@@ -231,6 +233,37 @@ fn usable_takeover(
     None
 }
 
+/// Sends the changes of live opens to the keeper from a thread of its own (never on a
+/// request path), in batches.
+fn start_open_log(st: &FsState, k: Arc<KeeperClient>) -> Option<std::thread::JoinHandle<()>> {
+    let (tx, rx) = std::sync::mpsc::channel::<crate::handover::OpenRecord>();
+    st.passthrough.set_open_log(tx);
+    let spawned = std::thread::Builder::new()
+        .name("keeper-opens".into())
+        .spawn(move || {
+            let mut warned = false;
+            while let Ok(first) = rx.recv() {
+                let mut set = vec![first];
+                while let (true, Ok(r)) = (set.len() < 4096, rx.try_recv()) {
+                    set.push(r);
+                }
+                if let Err(e) = k.opens(set) {
+                    if !warned {
+                        tracing::warn!(error = %e, "the keeper did not take the live opens; a successor may refuse opens of files open across the restart");
+                        warned = true;
+                    }
+                }
+            }
+        });
+    match spawned {
+        Ok(h) => Some(h),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot start the keeper-opens thread");
+            None
+        }
+    }
+}
+
 /// Lazily detaches a dead FUSE mount left by a previous daemon (ENOTCONN on stat).
 fn clear_stale_mount(mountpoint: &Path) {
     if let Err(e) = std::fs::metadata(mountpoint) {
@@ -258,8 +291,9 @@ impl LayerStore {
         cfg: LayerStoreConfig,
         rt: tokio::runtime::Handle,
         metrics: Arc<Metrics>,
-        mut keeper: Option<KeeperClient>,
+        keeper: Option<KeeperClient>,
     ) -> Result<Arc<LayerStore>, LayerError> {
+        let mut keeper = keeper.map(Arc::new);
         let takeover = keeper
             .as_ref()
             .and_then(|k| usable_takeover(k, &cfg.mountpoint));
@@ -313,6 +347,7 @@ impl LayerStore {
                 }
             }
             st.passthrough.set_fh_base(meta.takeovers << 40);
+            st.passthrough.restore_opens(&meta.opens);
         }
         let mut fc = Config::default();
         fc.mount_options = vec![
@@ -339,6 +374,7 @@ impl LayerStore {
         if let Some((fd, meta)) = takeover {
             let session = resume::resume_session(WeenvFs { st: st.clone() }, fd, &meta.init, fc)
                 .map_err(mount_err)?;
+            let open_log = keeper.as_ref().and_then(|k| start_open_log(&st, k.clone()));
             tracing::info!(
                 mountpoint = %cfg.mountpoint.display(),
                 slots = meta.slots.len(),
@@ -353,6 +389,7 @@ impl LayerStore {
                 pending: Mutex::new(Some(session)),
                 keeper,
                 handed_over: AtomicBool::new(false),
+                open_log: Mutex::new(open_log),
                 fills: Mutex::new(HashMap::new()),
                 fill_budget: Arc::new(FillShared::default()),
                 cfg,
@@ -360,6 +397,7 @@ impl LayerStore {
         }
         let session =
             Session::new(WeenvFs { st: st.clone() }, &cfg.mountpoint, &fc).map_err(mount_err)?;
+        let mut open_log = None;
         if let Some(k) = &keeper {
             let init = (*st.init.lock()).unwrap_or(crate::handover::InitParams {
                 major: 7,
@@ -372,9 +410,13 @@ impl LayerStore {
                 init,
                 slots: Default::default(),
                 takeovers: 0,
+                opens: Vec::new(),
             };
             match k.put(session.as_fd(), meta) {
-                Ok(()) => tracing::info!("the keeper holds the FUSE session: running containers survive a restart of this daemon"),
+                Ok(()) => {
+                    open_log = start_open_log(&st, k.clone());
+                    tracing::info!("the keeper holds the FUSE session: running containers survive a restart of this daemon")
+                }
                 Err(e) => {
                     tracing::warn!(error = %e, "the keeper refused the FUSE session: running containers will not survive a restart");
                     keeper = None;
@@ -411,6 +453,7 @@ impl LayerStore {
             pending: Mutex::new(None),
             keeper,
             handed_over: AtomicBool::new(false),
+            open_log: Mutex::new(open_log),
             notifier,
             fills: Mutex::new(HashMap::new()),
             fill_budget: Arc::new(FillShared::default()),
@@ -889,6 +932,13 @@ impl LayerStore {
             h.abort();
         }
         self.handed_over.store(true, Ordering::Release);
+        self.st.passthrough.leak_backing_ids();
+        // The keeper gets every open recorded so far (opens answered from now until the
+        // process exits are not recorded).
+        self.st.passthrough.close_open_log();
+        if let Some(h) = self.open_log.lock().take() {
+            let _ = h.join();
+        }
         if let Some(s) = self.session.lock().take() {
             // Dropping it would unmount.
             std::mem::forget(s);

@@ -16,10 +16,17 @@
 //! chosen by [`decide_open_mode`] from the live opens of the inode, reserved under a lock.
 //! A passthrough open reply may not carry `FOPEN_KEEP_CACHE` (outside FOPEN_PASSTHROUGH_MASK:
 //! the open fails with EIO); the page cache is the backing file's anyway.
+//!
+//! Across a daemon takeover ([`crate::handover`]) the kernel keeps the predecessor's opens and
+//! their modes and backing files, so every change of an inode's live opens (counts and raw
+//! backing id) is also sent to the keeper ([`OpenRecord`], through a channel: never on the
+//! request path), and a successor starts from that table: a new open of an inode the
+//! predecessor still has open gets the same mode and, for passthrough, the same backing id.
 
 use super::layer::Layer;
 use crate::cache::disk::FileReservation;
 use crate::cache::DiskCache;
+use crate::handover::OpenRecord;
 use fuser::{BackingId, FileHandle, FopenFlags, ReplyOpen};
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -55,6 +62,21 @@ struct InoState {
     cached: u32,
     passthrough: u32,
     backing: Weak<BackingId>,
+    /// Raw id of `backing` (what a successor re-wraps).
+    raw: Option<u32>,
+    /// Passthrough opens left by a predecessor daemon, and the backing id they use (held
+    /// while any of them is live).
+    inherited_pt: u32,
+    inherited: Option<Arc<BackingId>>,
+}
+
+fn record(ino: u64, st: &InoState) -> OpenRecord {
+    OpenRecord {
+        ino,
+        cached: st.cached,
+        passthrough: st.passthrough,
+        backing: st.raw.filter(|_| st.passthrough > 0),
+    }
 }
 
 /// A live passthrough handle: its backing id and the copy (layer, node) it pins.
@@ -72,6 +94,8 @@ pub struct Passthrough {
     next_fh: AtomicU64,
     /// Inodes being materialised in the background.
     materialising: Mutex<std::collections::HashSet<u64>>,
+    /// Where changes of live opens go (to the keeper), if a keeper holds the session.
+    open_log: Mutex<Option<std::sync::mpsc::Sender<OpenRecord>>>,
 }
 
 fn cache_io(e: crate::cache::CacheError) -> std::io::Error {
@@ -88,6 +112,59 @@ impl Passthrough {
             open: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
             materialising: Mutex::new(std::collections::HashSet::new()),
+            open_log: Mutex::new(None),
+        }
+    }
+
+    /// Sends every later change of live opens to `tx`.
+    pub fn set_open_log(&self, tx: std::sync::mpsc::Sender<OpenRecord>) {
+        *self.open_log.lock() = Some(tx);
+    }
+
+    /// Stops sending changes of live opens (the sender thread ends once it sent the rest).
+    pub fn close_open_log(&self) {
+        *self.open_log.lock() = None;
+    }
+
+    /// Called with the `inos` lock held, so records leave in the order of the changes.
+    fn log_record(&self, r: OpenRecord) {
+        if let Some(tx) = self.open_log.lock().as_ref() {
+            let _ = tx.send(r);
+        }
+    }
+
+    /// Starts from the live opens a predecessor daemon left (after a takeover).
+    pub fn restore_opens(&self, opens: &[OpenRecord]) {
+        let mut g = self.inos.lock();
+        for r in opens.iter().filter(|r| r.cached > 0 || r.passthrough > 0) {
+            g.insert(
+                r.ino,
+                InoState {
+                    cached: r.cached,
+                    passthrough: r.passthrough,
+                    backing: Weak::new(),
+                    raw: r.backing,
+                    inherited_pt: if r.backing.is_some() {
+                        r.passthrough
+                    } else {
+                        0
+                    },
+                    inherited: None,
+                },
+            );
+        }
+    }
+
+    /// Before the process exits with the session left to a successor: the backing ids of
+    /// live passthrough opens are never closed (the successor reuses them).
+    pub fn leak_backing_ids(&self) {
+        for (_, (id, _)) in self.open.lock().drain() {
+            std::mem::forget(id);
+        }
+        for st in self.inos.lock().values_mut() {
+            if let Some(id) = st.inherited.take() {
+                std::mem::forget(id);
+            }
         }
     }
 
@@ -244,6 +321,8 @@ impl Passthrough {
             OpenMode::Cached => st.cached += 1,
             OpenMode::Passthrough => st.passthrough += 1,
         }
+        let r = record(ino, st);
+        self.log_record(r);
         mode
     }
 
@@ -281,11 +360,26 @@ impl Passthrough {
         // Held across open_backing so two opens never create two ids for one inode.
         let mut g = self.inos.lock();
         let st = g.entry(ino).or_default();
+        let inherited = st.raw.filter(|_| st.inherited_pt > 0);
         let id = match (st.backing.upgrade(), file) {
             (Some(id), _) => Some(id),
+            (None, _) if inherited.is_some() => {
+                // The predecessor's opens of this inode use that id: the kernel accepts no other.
+                let raw = inherited.unwrap_or_default();
+                // SAFETY: the id was opened on this session by a predecessor that never
+                // closed it; it stays open while `inherited` holds it.
+                let id = Arc::new(unsafe { reply.wrap_backing(raw) });
+                st.inherited = Some(id.clone());
+                st.backing = Arc::downgrade(&id);
+                Some(id)
+            }
             (None, Some(f)) => match reply.open_backing(&f) {
                 Ok(id) => {
-                    let id = Arc::new(id);
+                    let raw = id.into_raw();
+                    // SAFETY: `raw` was just opened on this session and is owned by nothing
+                    // else; the new BackingId closes it when dropped.
+                    let id = Arc::new(unsafe { reply.wrap_backing(raw) });
+                    st.raw = Some(raw);
                     st.backing = Arc::downgrade(&id);
                     Some(id)
                 }
@@ -304,15 +398,21 @@ impl Passthrough {
             // open is live (then the kernel would refuse it, and EIO is all that is left).
             st.passthrough = st.passthrough.saturating_sub(1);
             if st.passthrough > 0 {
+                let r = record(ino, st);
+                self.log_record(r);
                 drop(g);
                 reply.error(fuser::Errno::EIO);
                 return false;
             }
             st.cached += 1;
+            let r = record(ino, st);
+            self.log_record(r);
             drop(g);
             self.reply_cached(reply);
             return false;
         };
+        let r = record(ino, st);
+        self.log_record(r);
         drop(g);
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         // Registered before the reply: a release may arrive on another thread right after it.
@@ -335,12 +435,10 @@ impl Passthrough {
         } else {
             self.open.lock().remove(&fh)
         };
-        if fh != 0 && handle.is_none() {
-            // A handle of the daemon this one took the session over from: its open state
-            // and pinned copy died with it.
-            return;
-        }
-        let was_pt = handle.is_some();
+        // fh != 0 unknown: a passthrough handle of the daemon this one took over from (its
+        // pinned copy died with it; its backing id is held in `inherited`).
+        let was_pt = fh != 0;
+        let inherited = fh != 0 && handle.is_none();
         if let Some((_, Some((layer, node)))) = handle {
             l2.unpin_file(&layer, node);
         }
@@ -351,9 +449,17 @@ impl Passthrough {
             } else {
                 st.cached = st.cached.saturating_sub(1);
             }
+            if inherited {
+                st.inherited_pt = st.inherited_pt.saturating_sub(1);
+                if st.inherited_pt == 0 {
+                    st.inherited = None;
+                }
+            }
+            let r = record(ino, st);
             if st.cached == 0 && st.passthrough == 0 {
                 g.remove(&ino);
             }
+            self.log_record(r);
         }
     }
 }
@@ -361,6 +467,55 @@ impl Passthrough {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_successor_answers_opens_like_its_predecessor() {
+        let p = Passthrough::new(true);
+        p.available.store(true, Ordering::Relaxed);
+        let (tx, rx) = std::sync::mpsc::channel();
+        p.set_open_log(tx);
+        let rec = |ino, cached, passthrough, backing| OpenRecord {
+            ino,
+            cached,
+            passthrough,
+            backing,
+        };
+        p.restore_opens(&[rec(5, 1, 0, None), rec(6, 0, 2, Some(9))]);
+        assert_eq!(
+            p.begin_open(5, true),
+            OpenMode::Cached,
+            "the predecessor's cached open is live"
+        );
+        assert_eq!(
+            p.begin_open(6, false),
+            OpenMode::Passthrough,
+            "the predecessor's passthrough opens are live"
+        );
+        assert_eq!(p.begin_open(7, true), OpenMode::Passthrough);
+        let sent: Vec<_> = rx.try_iter().collect();
+        assert_eq!(
+            sent,
+            vec![
+                rec(5, 2, 0, None),
+                rec(6, 0, 3, Some(9)),
+                rec(7, 0, 1, None)
+            ]
+        );
+        // Releases of the predecessor's handles (fh unknown) count down its opens.
+        let dir = tempfile::tempdir().unwrap();
+        let l2 = DiskCache::open(
+            dir.path(),
+            1 << 20,
+            Arc::new(crate::metrics::Metrics::new()),
+        )
+        .unwrap();
+        p.release(&l2, 6, 77);
+        p.release(&l2, 5, 0);
+        let sent: Vec<_> = rx.try_iter().collect();
+        assert_eq!(sent, vec![rec(6, 0, 2, Some(9)), rec(5, 1, 0, None)]);
+        let g = p.inos.lock();
+        assert_eq!(g.get(&6).map(|s| s.inherited_pt), Some(1));
+    }
 
     #[test]
     fn open_mode_follows_live_opens() {

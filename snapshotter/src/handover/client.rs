@@ -166,6 +166,15 @@ impl KeeperClient {
         }
     }
 
+    /// Sends changes of live opens (no reply: the keeper never answers these).
+    pub fn opens(&self, set: Vec<super::OpenRecord>) -> Result<(), HandoverError> {
+        let s = self.conn.lock();
+        wire::send(&s, &Request::Opens { set }, None).map_err(|error| HandoverError::Io {
+            path: self.path.clone(),
+            error,
+        })
+    }
+
     /// The session was unmounted: the keeper forgets it.
     pub fn release(&self) -> Result<(), HandoverError> {
         match self.call(&Request::Release, None)? {

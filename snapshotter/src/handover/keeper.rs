@@ -71,6 +71,8 @@ struct Held {
 #[derive(Default)]
 struct State {
     held: Option<Held>,
+    /// Live opens of the held session, by inode.
+    opens: std::collections::HashMap<u64, super::OpenRecord>,
     clients: usize,
     idle_since: Option<Instant>,
 }
@@ -100,6 +102,7 @@ fn handle(st: &Mutex<State>, req: Request, fd: Option<OwnedFd>) -> (Reply, Optio
             tracing::info!(mountpoint = %meta.mountpoint.display(), slots = meta.slots.len(), "keeping a FUSE session");
             // A replaced session was given up by its daemon (it mounted a new one).
             g.held = Some(Held { fd, meta });
+            g.opens.clear();
             (Reply::Ok, None)
         }
         Request::Slot { digest, slot } => match g.held.as_mut() {
@@ -114,8 +117,18 @@ fn handle(st: &Mutex<State>, req: Request, fd: Option<OwnedFd>) -> (Reply, Optio
                 None,
             ),
         },
-        Request::Take => match g.held.as_mut() {
-            Some(h) => {
+        Request::Opens { set } => {
+            for r in set {
+                if r.cached == 0 && r.passthrough == 0 {
+                    g.opens.remove(&r.ino);
+                } else {
+                    g.opens.insert(r.ino, r);
+                }
+            }
+            (Reply::Ok, None)
+        }
+        Request::Take => match g.held.take() {
+            Some(mut h) => {
                 let fd = match h.fd.as_fd().try_clone_to_owned() {
                     Ok(fd) => fd,
                     Err(e) => {
@@ -128,17 +141,16 @@ fn handle(st: &Mutex<State>, req: Request, fd: Option<OwnedFd>) -> (Reply, Optio
                     }
                 };
                 h.meta.takeovers += 1;
-                tracing::info!(mountpoint = %h.meta.mountpoint.display(), takeovers = h.meta.takeovers, "handing the FUSE session over");
-                (
-                    Reply::Session {
-                        meta: h.meta.clone(),
-                    },
-                    Some(fd),
-                )
+                tracing::info!(mountpoint = %h.meta.mountpoint.display(), takeovers = h.meta.takeovers, opens = g.opens.len(), "handing the FUSE session over");
+                let mut meta = h.meta.clone();
+                meta.opens = g.opens.values().copied().collect();
+                g.held = Some(h);
+                (Reply::Session { meta }, Some(fd))
             }
             None => (Reply::Empty, None),
         },
         Request::Release => {
+            g.opens.clear();
             if g.held.take().is_some() {
                 tracing::info!("the daemon unmounted its session; nothing kept");
             }
@@ -173,7 +185,11 @@ fn serve_conn(st: Arc<Mutex<State>>, s: UnixStream) {
             }
         };
         let stop = req == Request::Stop;
+        let quiet = matches!(req, Request::Opens { .. });
         let (reply, out) = handle(&st, req, fd);
+        if quiet {
+            continue;
+        }
         if let Err(e) = wire::send(&s, &reply, out.as_ref().map(|f| f.as_fd())) {
             tracing::debug!(error = %e, "keeper reply failed");
             break;
@@ -311,6 +327,7 @@ mod tests {
             },
             slots: Default::default(),
             takeovers: 0,
+            opens: vec![],
         }
     }
 
@@ -338,6 +355,29 @@ mod tests {
         };
         assert_eq!((m.takeovers, m.slots.get("sha256:aa")), (1, Some(&4)));
         assert!(fd.is_some());
+        let opens = |ino, cached, passthrough| Request::Opens {
+            set: vec![super::super::OpenRecord {
+                ino,
+                cached,
+                passthrough,
+                backing: Some(7).filter(|_| passthrough > 0),
+            }],
+        };
+        handle(&st, opens(5, 1, 2), None);
+        handle(&st, opens(6, 1, 0), None);
+        handle(&st, opens(6, 0, 0), None);
+        let Reply::Session { meta: m } = handle(&st, Request::Take, None).0 else {
+            panic!()
+        };
+        assert_eq!(
+            m.opens,
+            vec![super::super::OpenRecord {
+                ino: 5,
+                cached: 1,
+                passthrough: 2,
+                backing: Some(7)
+            }]
+        );
         // Kept after a take: a successor that dies before serving can be replaced.
         assert!(matches!(
             handle(&st, Request::Take, None).0,

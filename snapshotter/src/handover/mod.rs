@@ -41,6 +41,18 @@ pub struct InitParams {
     pub flags: u64,
 }
 
+/// The live opens of one inode (as the daemon counted them; both counts 0: none). The
+/// kernel keeps an inode's I/O mode and backing file while it is open, so a successor must
+/// answer new opens of it alike (see [`crate::fs::passthrough`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OpenRecord {
+    pub ino: u64,
+    pub cached: u32,
+    pub passthrough: u32,
+    /// Raw backing id of the passthrough opens.
+    pub backing: Option<u32>,
+}
+
 /// What a successor needs besides the fd to serve the session like its predecessor.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SessionMeta {
@@ -52,4 +64,7 @@ pub struct SessionMeta {
     /// Takeovers of this session so far (the successor's passthrough file handles start at
     /// `takeovers << 40` so they never collide with a predecessor's live ones).
     pub takeovers: u64,
+    /// Inodes with live opens (filled by the keeper when it hands the session over).
+    #[serde(default)]
+    pub opens: Vec<OpenRecord>,
 }

@@ -20,6 +20,8 @@ pub enum Request {
     Put { meta: SessionMeta },
     /// Layer `digest` got slot `slot` (sent before the layer becomes visible).
     Slot { digest: String, slot: u32 },
+    /// Changes of live opens (no reply).
+    Opens { set: Vec<super::OpenRecord> },
     /// Hand the kept session over (the keeper keeps its copy until the next `Put`).
     Take,
     /// The daemon unmounted the session: forget it.
@@ -146,6 +148,7 @@ mod tests {
             },
             slots: BTreeMap::from([("sha256:ab".to_string(), 3)]),
             takeovers: 2,
+            opens: vec![],
         }
     }
 
