@@ -55,8 +55,10 @@ rate_bps() { # tc rate (e.g. 200mbit) -> bytes per second
     esac
 }
 imp() { # $1 = ctr, $2 = snapshotter args, $3 = image, $4 = id: the import, checked
+    local out
     # shellcheck disable=SC2086
-    $1 run --rm $2 "$3" "$4" $PYTHON -c "$CMD; print('imported')" | grep imported >/dev/null
+    out=$($1 run --rm $2 "$3" "$4" $PYTHON -c "$CMD; print('imported')" 2>&1) || true
+    case $out in *imported*) ;; *) log "the import failed in $4 ($3): $out"; return 1 ;; esac
 }
 
 declare -A R
