@@ -7,9 +7,11 @@ mod common;
 use common::*;
 use proptest::prelude::*;
 use std::collections::BTreeMap;
+use weenv_format::tar::{walk, TarSink};
+use weenv_format::writer::{frame_lengths, Piece};
 use weenv_format::{
-    descriptor_annotations, write_layer, write_layer_parallel, Digest, EntryKind, LayerReader,
-    TocHint, WriterOptions,
+    descriptor_annotations, write_layer, write_layer_parallel, Digest, Entry, EntryKind,
+    FormatError, LayerReader, TocHint, WriterOptions,
 };
 
 #[derive(Clone, Debug)]
@@ -238,6 +240,32 @@ impl Expect {
     }
 }
 
+/// The tar stream as the framing policy sees it (meta bytes and file payload sizes).
+fn pieces(tar: &[u8]) -> Vec<Piece> {
+    struct Rec(Vec<Piece>);
+    impl TarSink for Rec {
+        fn meta(&mut self, bytes: &[u8]) -> Result<(), FormatError> {
+            match self.0.last_mut() {
+                Some(Piece::Meta(n)) => *n += bytes.len() as u64,
+                _ => self.0.push(Piece::Meta(bytes.len() as u64)),
+            }
+            Ok(())
+        }
+        fn entry(&mut self, e: Entry) -> Result<(), FormatError> {
+            if e.kind == EntryKind::File {
+                self.0.push(Piece::File(e.size));
+            }
+            Ok(())
+        }
+        fn payload(&mut self, _: &[u8]) -> Result<(), FormatError> {
+            Ok(())
+        }
+    }
+    let mut r = Rec(Vec::new());
+    walk(tar, &mut r).unwrap();
+    r.0
+}
+
 fn check(tar: &[u8], exp: &[Expect], opts: &WriterOptions) -> Result<(), TestCaseError> {
     let mut blob = Vec::new();
     let sum = write_layer(tar, &mut blob, opts).unwrap();
@@ -248,6 +276,15 @@ fn check(tar: &[u8], exp: &[Expect], opts: &WriterOptions) -> Result<(), TestCas
     prop_assert_eq!(sum.uncompressed_size, tar.len() as u64);
     prop_assert_eq!(sum.entry_count, exp.len() as u64);
     prop_assert_eq!(sum.toc_offset + sum.toc_length, blob.len() as u64);
+    // The framing policy as a pure function gives the frames the streaming writer cut.
+    let ulens: Vec<u64> = LayerReader::open(&blob, None)
+        .unwrap()
+        .toc()
+        .frames
+        .iter()
+        .map(|f| f.ulen)
+        .collect();
+    prop_assert_eq!(frame_lengths(&pieces(tar), opts), ulens);
     // Frames compressed on a worker pool: the same blob byte for byte.
     for workers in [2, 3] {
         let mut par = Vec::new();
