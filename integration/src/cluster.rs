@@ -31,6 +31,29 @@ pub const REGISTRY: &str = "10.77.0.2:5000";
 /// Port every node serves peers on.
 pub const PEER_PORT: u16 = 7470;
 
+/// What a container runs: read every file of `/data` and check it against the image's own
+/// checksums (0 wrong bytes), then print `ALLOK`.
+pub const CHECK: &str = "cd /data && sha256sum -c SHA256SUMS >/dev/null && echo ALLOK";
+
+/// The test image ([`crate::images::busybox_data`], 96 files of 256 KiB: 24 MiB) converted to
+/// weenv in a loopback registry under `tmp`, which is then stopped: returns the registry
+/// storage to give [`Cluster::start`] and the image's reference inside the cluster.
+pub async fn prepare_image(tmp: &Path) -> Result<(PathBuf, String)> {
+    let img = crate::images::busybox_data(96, 256)?;
+    let reg = crate::registry::LocalRegistry::start(tmp)?;
+    let gz = reg.push(&img, "data:gz")?;
+    let client = weenv_registry::Client::new(weenv_converter::registry_config(&[reg.host()]))?;
+    weenv_converter::convert_image(
+        &client,
+        &weenv_converter::ImageLocation::parse(&gz)?,
+        &weenv_converter::ImageLocation::parse(&format!("{}/data:weenv", reg.host()))?,
+        &weenv_converter::ConvertOptions::default(),
+        Arc::new(weenv_converter::NoProgress),
+    )
+    .await?;
+    Ok((reg.root().join("data"), format!("{REGISTRY}/data:weenv")))
+}
+
 /// Tools the cluster needs besides the e2e ones.
 pub const CLUSTER_BINS: &[&str] = &["ip", "tc", "nsenter"];
 
@@ -200,6 +223,17 @@ impl Node {
         .iter()
         .map(|n| metric_sum(&m, n))
         .sum())
+    }
+
+    /// Pull + run of [`CHECK`]: the time from the pull to the container's exit.
+    pub fn cold_start(&self, image: &str, id: &str) -> Result<Duration> {
+        let t0 = Instant::now();
+        self.pull(image)?;
+        let out = self
+            .run(image, id, CHECK)
+            .with_context(|| format!("daemon log:\n{}", self.log()))?;
+        ensure!(out.contains("ALLOK"), "node {}: {out}", self.index);
+        Ok(t0.elapsed())
     }
 
     /// SIGKILL the daemon (its FUSE mount dies with it).
@@ -552,8 +586,17 @@ impl Cluster {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
+        // `WEENV_CLUSTER_LOGS=DIR` keeps every node's daemon log as DIR/<prefix>-n<i>.log.
+        let keep = std::env::var_os("WEENV_CLUSTER_LOGS").map(PathBuf::from);
         for n in &mut self.nodes {
             n.stop();
+            if let Some(d) = &keep {
+                let _ = std::fs::create_dir_all(d);
+                let _ = std::fs::copy(
+                    n.root.join("daemon.log"),
+                    d.join(format!("{}-n{}.log", self.prefix, n.index)),
+                );
+            }
         }
         drop(self.registry.take());
         for ns in self.netns.iter().rev() {

@@ -8,21 +8,16 @@
 //! (c) a peer killed mid-read: every read completes;
 //! (d) a peer returning corrupt frames: 0 wrong bytes, the peer is ejected.
 
-use anyhow::{ensure, Context, Result};
+use anyhow::{ensure, Result};
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 use weenv_integration::cluster::{
-    metric_sum, Cluster, ClusterOptions, Node, CLUSTER_BINS, REGISTRY,
+    metric_sum, prepare_image, Cluster, ClusterOptions, Node, CLUSTER_BINS,
 };
-use weenv_integration::registry::LocalRegistry;
 use weenv_integration::util::{require_root_and_bins, E2E_FUSE_BINS};
 
 /// One cluster at a time: they share the machine's two cores.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-/// Reads every file of `/data` and checks it against the image's own checksums.
-const CHECK: &str = "cd /data && sha256sum -c SHA256SUMS >/dev/null && echo ALLOK";
 
 struct Fixture {
     /// docker-registry storage holding `data:weenv`.
@@ -32,44 +27,17 @@ struct Fixture {
     _tmp: tempfile::TempDir,
 }
 
-/// Builds the image, converts it to weenv in a loopback registry, stops that registry and
-/// keeps its storage for the cluster's registry.
 async fn fixture() -> Result<Fixture> {
     let mut bins = E2E_FUSE_BINS.to_vec();
     bins.extend_from_slice(CLUSTER_BINS);
     require_root_and_bins(&bins)?;
     let tmp = tempfile::tempdir()?;
-    let img = weenv_integration::images::busybox_data(96, 256)?;
-    let storage = {
-        let reg = LocalRegistry::start(tmp.path())?;
-        let gz = reg.push(&img, "data:gz")?;
-        let client = weenv_registry::Client::new(weenv_converter::registry_config(&[reg.host()]))?;
-        weenv_converter::convert_image(
-            &client,
-            &weenv_converter::ImageLocation::parse(&gz)?,
-            &weenv_converter::ImageLocation::parse(&format!("{}/data:weenv", reg.host()))?,
-            &weenv_converter::ConvertOptions::default(),
-            Arc::new(weenv_converter::NoProgress),
-        )
-        .await?;
-        reg.root().join("data")
-    };
+    let (storage, image) = prepare_image(tmp.path()).await?;
     Ok(Fixture {
         storage,
-        image: format!("{REGISTRY}/data:weenv"),
+        image,
         _tmp: tmp,
     })
-}
-
-/// Pull + run of the check on `node`; the time from the pull to the container's exit.
-fn start(node: &Node, image: &str, id: &str) -> Result<Duration> {
-    let t0 = Instant::now();
-    node.pull(image)?;
-    let out = node
-        .run(image, id, CHECK)
-        .with_context(|| format!("daemon log:\n{}", node.log()))?;
-    ensure!(out.contains("ALLOK"), "node {}: {out}", node.index);
-    Ok(t0.elapsed())
 }
 
 /// Everything `node` fetched for its reads, in compressed bytes: from the registry (including
@@ -98,7 +66,7 @@ async fn four_nodes_fetch_the_image_about_once_and_a_fifth_gets_it_from_peers() 
             .iter()
             .map(|n| {
                 let image = fx.image.clone();
-                s.spawn(move || start(n, &image, &format!("a{}", n.index)))
+                s.spawn(move || n.cold_start(&image, &format!("a{}", n.index)))
             })
             .collect();
         hs.into_iter()
@@ -135,7 +103,7 @@ async fn four_nodes_fetch_the_image_about_once_and_a_fifth_gets_it_from_peers() 
     // (b) A fifth node: its frames are in its peers' caches.
     c.add_node(5, &[1, 2, 3, 4, 5], &[])?;
     let before = c.registry_sent_bytes()?;
-    let t5 = start(c.node(5)?, &fx.image, "b5")?;
+    let t5 = c.node(5)?.cold_start(&fx.image, "b5")?;
     let sent5 = c.registry_sent_bytes()? - before;
     let (reg5, peers5) = fetched(c.node(5)?)?;
     println!(
@@ -180,7 +148,7 @@ async fn a_peer_killed_mid_read_fails_no_read() -> Result<()> {
             .iter()
             .map(|n| {
                 let image = fx.image.clone();
-                s.spawn(move || start(n, &image, &format!("c{}", n.index)))
+                s.spawn(move || n.cold_start(&image, &format!("c{}", n.index)))
             })
             .collect();
         // Kill node 4 as soon as it has served its peers something: reads are under way.
@@ -240,7 +208,7 @@ async fn a_corrupting_peer_costs_no_wrong_byte_and_is_ejected() -> Result<()> {
     )?;
     let liar = c.corrupt_peer(9)?;
     c.add_node(1, &[1], std::slice::from_ref(&liar.addr))?;
-    let t = start(c.node(1)?, &fx.image, "d1")?;
+    let t = c.node(1)?.cold_start(&fx.image, "d1")?;
     let m = c.node(1)?.metrics()?;
     let corrupt = metric_sum(&m, "weenv_peer_corrupt_frames_total");
     let ejections = metric_sum(&m, "weenv_peer_ejections_total");

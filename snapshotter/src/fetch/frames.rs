@@ -57,6 +57,9 @@ pub enum Priority {
 
 type Slot = Option<Result<Bytes, FetchError>>;
 
+/// Claims of one fetch by frame (one frame may be asked more than once in a call).
+type Claims<'a> = HashMap<FrameIdx, Vec<(usize, Claim<'a>)>>;
+
 /// Why a frame's bytes gave no frame: they failed verification (`Bad`, with the reason), or
 /// something else failed.
 enum Unverified {
@@ -479,21 +482,73 @@ impl FrameStore {
         // call holds its permit already; prefetch requests queue per request (run_request).
         let _demand =
             matches!(prio, Priority::OnDemand | Priority::ReadAhead).then(|| self.link.demand());
-        let mut wanted: Vec<FrameIdx> = claims.iter().map(|(_, idx, _)| *idx).collect();
-        let mut by_idx: HashMap<FrameIdx, Vec<(usize, Claim<'a>)>> = HashMap::new();
+        let mut by_idx: Claims<'a> = HashMap::new();
         for (i, idx, c) in claims {
             by_idx.entry(idx).or_default().push((i, c));
         }
+        let (Some(tier), Some(blob)) = (self.peers.get(), source.locator()) else {
+            return self
+                .fetch_from_source(frames, source, by_idx, prio, promotion)
+                .await;
+        };
+        // Peer tier. A claim is never held while waiting for another node unless that node
+        // owns the frame: frames this node owns are asked only of their previous owner's
+        // cache (answered without waiting on any claim), then fetched from the source while
+        // the other frames are asked of their owners, so two nodes waiting on each other's
+        // claims cannot stall until the hedge delay.
         let mut out = Vec::new();
-        if let (Some(tier), Some(blob)) = (self.peers.get(), source.locator()) {
-            for (idx, b) in tier.fetch(&blob, frames, &wanted, prio).await {
-                if let (Some(f), Some(claims)) = (frames.get(idx.0 as usize), by_idx.remove(&idx)) {
-                    self.keep(f, &b, prio);
-                    publish(claims, Ok(b), &mut out);
-                }
+        let keys: Vec<FrameIdx> = by_idx.keys().copied().collect();
+        let mine = tier.self_owned(frames, &keys);
+        let got = tier.fetch(&blob, frames, &mine, prio).await;
+        self.publish_peer_frames(frames, got, &mut by_idx, prio, &mut out);
+        let ours: Claims<'a> = mine.iter().filter_map(|i| by_idx.remove_entry(i)).collect();
+        let theirs: Vec<FrameIdx> = by_idx.keys().copied().collect();
+        let (got, done) = futures::future::join(
+            tier.fetch(&blob, frames, &theirs, prio),
+            self.fetch_from_source(frames, source, ours, prio, promotion),
+        )
+        .await;
+        out.extend(done);
+        self.publish_peer_frames(frames, got, &mut by_idx, prio, &mut out);
+        // What the owners did not deliver.
+        out.extend(
+            self.fetch_from_source(frames, source, by_idx, prio, promotion)
+                .await,
+        );
+        out
+    }
+
+    /// Caches and publishes frames a peer tier returned (verified by the tier).
+    fn publish_peer_frames<'a>(
+        &'a self,
+        frames: &[Frame],
+        got: Vec<(FrameIdx, Bytes)>,
+        by_idx: &mut Claims<'a>,
+        prio: Priority,
+        out: &mut Vec<(usize, Result<Bytes, FetchError>)>,
+    ) {
+        for (idx, b) in got {
+            if let (Some(f), Some(claims)) = (frames.get(idx.0 as usize), by_idx.remove(&idx)) {
+                self.keep(f, &b, prio);
+                publish(claims, Ok(b), out);
             }
-            wanted.retain(|idx| by_idx.contains_key(idx));
         }
+    }
+
+    /// Fetches the claimed frames `by_idx` from `source`: coalesced range requests, at once.
+    async fn fetch_from_source<'a>(
+        &'a self,
+        frames: &[Frame],
+        source: &Arc<dyn RangeSource>,
+        mut by_idx: Claims<'a>,
+        prio: Priority,
+        promotion: Option<&Promotion>,
+    ) -> Vec<(usize, Result<Bytes, FetchError>)> {
+        if by_idx.is_empty() {
+            return Vec::new();
+        }
+        let mut wanted: Vec<FrameIdx> = by_idx.keys().copied().collect();
+        wanted.sort_unstable();
         let plan = plan_fetch(frames, &wanted, self.limits);
         let mut jobs = Vec::new();
         for req in plan {
@@ -505,8 +560,11 @@ impl FrameStore {
             }
             jobs.push(self.run_request(frames, source, req, group, prio, promotion));
         }
-        out.extend(futures::future::join_all(jobs).await.into_iter().flatten());
-        out
+        futures::future::join_all(jobs)
+            .await
+            .into_iter()
+            .flatten()
+            .collect()
     }
 
     async fn run_request<'a>(

@@ -347,6 +347,21 @@ impl PeerClient {
 
 #[async_trait]
 impl PeerTier for PeerClient {
+    fn self_owned(&self, frames: &[Frame], wanted: &[FrameIdx]) -> Vec<FrameIdx> {
+        let live = self.live_members();
+        let me = self.members.me();
+        wanted
+            .iter()
+            .copied()
+            .filter(|i| {
+                frames.get(i.0 as usize).is_some_and(|f| {
+                    let owner = super::rendezvous::owner(&live, &f.digest);
+                    owner.is_none() || owner == me
+                })
+            })
+            .collect()
+    }
+
     async fn fetch(
         &self,
         blob: &BlobLocator,

@@ -40,6 +40,10 @@ use weenv_snapshotter_api::config::PeersSection;
 /// Frames from other nodes, asked by the frame store before a registry blob's source.
 #[async_trait]
 pub trait PeerTier: Send + Sync {
+    /// The frames of `wanted` this node fetches from the source itself (it owns them, or no
+    /// live peer does); [`PeerTier::fetch`] only asks their previous owner's cache for them.
+    fn self_owned(&self, frames: &[Frame], wanted: &[FrameIdx]) -> Vec<FrameIdx>;
+
     /// The frames of `wanted` (indices into `frames`, the blob's TOC frames) this tier got
     /// from peers, each verified against its TOC entry. Frames not returned are the caller's
     /// to fetch; the tier never fails a read.

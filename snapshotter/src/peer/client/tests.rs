@@ -180,14 +180,16 @@ fn layer() -> (weenv_format::Toc, Vec<u8>) {
 
 const TOKEN: &str = "s3cret";
 
+/// A client over `members`; `me`: this node's member address (`None`: listening on an
+/// unspecified address with no member on its port, this node is not a member).
 fn client(
     members: Vec<SocketAddr>,
+    me: Option<SocketAddr>,
     token: &str,
     hedge_ms: u64,
 ) -> (Arc<PeerClient>, Arc<PeerStats>) {
     let stats = Arc::new(PeerStats::default());
-    // Listening on an unspecified address with no member on its port: this node is not a member.
-    let m = Arc::new(Membership::new(members, None, addr("0.0.0.0:1")));
+    let m = Arc::new(Membership::new(members, me, addr("0.0.0.0:1")));
     let c = PeerClient::new(
         m,
         ClientConfig {
@@ -284,7 +286,7 @@ async fn the_owner_fetches_once_for_every_reader_and_readers_verify() {
     let (own, own_addr, own_stats) = owner(reg).await;
     let want = expected(&toc, &blob);
     for round in 0..2 {
-        let (c, stats) = client(vec![own_addr], TOKEN, 5000);
+        let (c, stats) = client(vec![own_addr], None, TOKEN, 5000);
         let (mem, src) = source(&blob, reg);
         let (reader, got) = read_all(&c, &toc, &src).await;
         assert_eq!(got, want);
@@ -309,7 +311,7 @@ async fn the_owner_fetches_once_for_every_reader_and_readers_verify() {
     assert_eq!(own_stats.served_requests.load(Ordering::Relaxed), 2);
 
     // A wrong token gets nothing from the owner: the reader falls back to its source.
-    let (c, stats) = client(vec![own_addr], "wrong", 5000);
+    let (c, stats) = client(vec![own_addr], None, "wrong", 5000);
     let (mem, src) = source(&blob, reg);
     assert_eq!(read_all(&c, &toc, &src).await.1, want);
     assert_eq!(mem.requests().len(), 1);
@@ -351,7 +353,7 @@ async fn lying_dead_and_silent_peers_cost_a_registry_fetch_and_an_ejection_never
         }
     });
     for (peer, what) in [(liar, "liar"), (dead, "dead"), (silent, "silent")] {
-        let (c, stats) = client(vec![peer], TOKEN, 300);
+        let (c, stats) = client(vec![peer], None, TOKEN, 300);
         let (mem, src) = source(&blob, addr("127.0.0.1:9"));
         let t0 = Instant::now();
         assert_eq!(
@@ -381,5 +383,50 @@ async fn lying_dead_and_silent_peers_cost_a_registry_fetch_and_an_ejection_never
             p.requests,
             "{what}: not asked while ejected"
         );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_owners_reading_each_others_frames_at_once_do_not_wait_on_each_other() {
+    let (toc, blob) = layer();
+    let (reg, _) = registry(blob.clone()).await;
+    let (a, a_addr, _) = owner(reg).await;
+    let (b, b_addr, _) = owner(reg).await;
+    let all: Vec<FrameIdx> = (0..toc.frames.len() as u32).map(FrameIdx).collect();
+    let mut clients = Vec::new();
+    for (n, me) in [(&a, a_addr), (&b, b_addr)] {
+        let (c, stats) = client(vec![a_addr, b_addr], Some(me), TOKEN, 3000);
+        n.store.set_peer_tier(c.clone());
+        let mine = c.self_owned(&toc.frames, &all).len();
+        assert!(
+            mine > 0 && mine < all.len(),
+            "each owns some frames: {mine}"
+        );
+        clients.push((c, stats));
+    }
+    let (_, src_a) = source(&blob, reg);
+    let (_, src_b) = source(&blob, reg);
+    let t0 = Instant::now();
+    // Both claim every frame at once: each holds claims of frames the other asks it for.
+    let (ra, rb) = tokio::join!(
+        a.store
+            .get_frames(&toc.frames, &src_a, &all, Priority::OnDemand),
+        b.store
+            .get_frames(&toc.frames, &src_b, &all, Priority::OnDemand)
+    );
+    let want = expected(&toc, &blob);
+    for r in [ra, rb] {
+        let got: Vec<Vec<u8>> = r.unwrap().iter().map(|b| b.to_vec()).collect();
+        assert_eq!(got, want);
+    }
+    assert!(
+        t0.elapsed() < Duration::from_secs(2),
+        "took {:?}: waited for the hedge delay",
+        t0.elapsed()
+    );
+    for ((c, stats), other) in clients.iter().zip([b_addr, a_addr]) {
+        let p = stats.peer(other);
+        assert_eq!(p.errors, 0, "{p:?}");
+        assert!(c.is_live(other));
     }
 }
