@@ -14,6 +14,7 @@ WEENV_APT_PACKAGES=(
   debootstrap debian-archive-keyring gpgv  # Debian rootfs test image from the apt mirror
   iproute2
   stargz-snapshotter  # ctr-remote: eStargz comparison in the benchmark
+  golang-go golang-github-containerd-containerd-dev  # integration/go/stockrun: containerd's Go client (nerdctl's calls), GOPATH mode, offline
   python3 pkg-config gcc ca-certificates curl openssl
 )
 

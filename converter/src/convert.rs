@@ -297,7 +297,10 @@ impl Ctx<'_> {
             media_type: Some(OCI_MANIFEST.to_string()),
             artifact_type: m.artifact_type.clone(),
             config: config_desc,
-            layers: results.iter().map(|(d, _)| d.clone()).collect(),
+            layers: results
+                .iter()
+                .map(|(d, _)| with_snapshot_annotations(d))
+                .collect(),
             subject: m.subject.clone(),
             annotations: m.annotations.clone(),
         };
@@ -451,6 +454,14 @@ impl Ctx<'_> {
         let report = unchanged(index, l, LayerAction::Plain, started, Some(note));
         Ok((d, report))
     }
+}
+
+/// `d` with the annotations containerd's unpacker passes to the snapshotter (see
+/// [`weenv_format::snapshot_labels`]): stock clients then mount weenv layers lazily.
+pub fn with_snapshot_annotations(d: &Descriptor) -> Descriptor {
+    let mut d = d.clone();
+    weenv_format::snapshot_labels::add_snapshot_annotations(&d.digest, &mut d.annotations);
+    d
 }
 
 /// Report of a layer written unchanged (its blob is the source blob).

@@ -46,7 +46,9 @@ pub use convert::{convert_image, parse_platform, ConvertOptions, NoProgress, Pro
 pub use error::ConvertError;
 pub use inspect::{inspect_image, LayerInfo};
 pub use location::ImageLocation;
-pub use prefetch::{apply_profile, read_profile, PrefetchLayer, PrefetchManifest, ProfileReport};
+pub use prefetch::{
+    apply_annotations, apply_profile, read_profile, PrefetchLayer, PrefetchManifest, ProfileReport,
+};
 pub use summary::{ImageReport, LayerAction, LayerReport, ManifestReport};
 pub use verify::{verify_image, LayerVerdict};
 

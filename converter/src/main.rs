@@ -10,9 +10,9 @@ use std::sync::{Arc, Mutex};
 use weenv_converter::prefetch::profile_table;
 use weenv_converter::summary::{human, image_table};
 use weenv_converter::{
-    apply_profile, convert_image, inspect::info_table, inspect_image, parse_platform, read_profile,
-    registry_config, verify::verdict_table, verify_image, ConvertError, ConvertOptions,
-    ImageLocation, LayerReport, ProfileReport, Progress,
+    apply_annotations, apply_profile, convert_image, inspect::info_table, inspect_image,
+    parse_platform, read_profile, registry_config, verify::verdict_table, verify_image,
+    ConvertError, ConvertOptions, ImageLocation, LayerReport, ProfileReport, Progress,
 };
 use weenv_format::writer::WriterOptions;
 use weenv_registry::{Client, Platform};
@@ -89,13 +89,19 @@ enum Cmd {
     /// and skipped. If NO path resolves, nothing is written and the command fails (wrong image
     /// or profile). An empty profile removes the image's profile. An image without any weenv
     /// layer is an error. Same image + same profile = same manifest digest.
+    ///
+    /// Every weenv layer descriptor also gets (or has refreshed) the containerd.io/snapshot/*
+    /// annotations with which stock clients (nerdctl, the containerd Go client, CRI) pull it
+    /// lazily. Without --profile the profile stays as it is and only those are written: the way
+    /// to make an image converted by an older weenv-convert lazy for stock clients.
     #[command(verbatim_doc_comment)]
     Prefetch {
         /// The weenv image (reg/repo:tag, reg/repo@sha256:.., oci:DIR[:tag]).
         image: String,
-        /// Profile file, one path per line; `-` reads stdin.
+        /// Profile file, one path per line; `-` reads stdin. Without it the image keeps its
+        /// profile and only the stock-client annotations are (re)written.
         #[arg(long, value_name = "FILE")]
-        profile: String,
+        profile: Option<String>,
         /// Write the profiled image here instead of back to IMAGE's place and tag.
         #[arg(long, value_name = "DST")]
         to: Option<String>,
@@ -295,16 +301,18 @@ fn run() -> Result<()> {
             }
             Cmd::Plan(p) => cli_groups::run_plan(&client, *p, cli.json).await?,
             Cmd::Prefetch { image, profile, to } => {
-                let paths = read_profile(&profile)?;
                 let to = to.as_deref().map(ImageLocation::parse).transpose()?;
-                let r = apply_profile(
-                    &client,
-                    &ImageLocation::parse(&image)?,
-                    to.as_ref(),
-                    &paths,
-                    platform.as_ref(),
-                )
-                .await?;
+                let image = ImageLocation::parse(&image)?;
+                let r = match profile {
+                    Some(profile) => {
+                        let paths = read_profile(&profile)?;
+                        apply_profile(&client, &image, to.as_ref(), &paths, platform.as_ref())
+                            .await?
+                    }
+                    None => {
+                        apply_annotations(&client, &image, to.as_ref(), platform.as_ref()).await?
+                    }
+                };
                 warn_unresolved(&r);
                 if cli.json {
                     println!("{}", serde_json::to_string_pretty(&r)?);

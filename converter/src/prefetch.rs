@@ -20,7 +20,7 @@
 //! image's profile. The output is deterministic: applying the same profile twice gives the
 //! same manifest digest.
 
-use crate::convert::platform_label;
+use crate::convert::{platform_label, with_snapshot_annotations};
 use crate::inspect::layer_toc;
 use crate::location::ImageLocation;
 use crate::sink::{Put, Sink};
@@ -165,6 +165,7 @@ pub fn profile_manifest(
                 None => d.annotations.remove(ANNOTATION_PREFETCH),
             };
         }
+        *d = with_snapshot_annotations(d);
         layers.push(PrefetchLayer {
             index: i,
             digest: d.digest.to_string(),
@@ -182,6 +183,32 @@ pub fn profile_manifest(
             size: d.size,
             annotation,
         });
+    }
+    (out, layers, resolved)
+}
+
+/// `m` with its profile kept as it is and the stock-client annotations (re)written on every
+/// layer (see [`with_snapshot_annotations`]); the report lists each layer's current profile.
+/// Pure.
+pub fn keep_profile(
+    m: &ImageManifest,
+    tocs: &[Option<&Toc>],
+) -> (ImageManifest, Vec<PrefetchLayer>, Resolved) {
+    let (_, mut layers, resolved) = profile_manifest(m, tocs, &[]);
+    let mut out = m.clone();
+    for (d, l) in out.layers.iter_mut().zip(&mut layers) {
+        *d = with_snapshot_annotations(d);
+        l.annotation = d.annotations.get(ANNOTATION_PREFETCH).cloned();
+        if let (Some(v), Some(toc)) = (&l.annotation, tocs.get(l.index).copied().flatten()) {
+            let frames =
+                weenv_format::prefetch::decode_frames(v, toc.frames.len()).unwrap_or_default();
+            l.frames = frames.len();
+            l.bytes = frames
+                .iter()
+                .filter_map(|f| toc.frame(*f))
+                .map(|f| f.clen)
+                .sum();
+        }
     }
     (out, layers, resolved)
 }
@@ -244,6 +271,29 @@ pub async fn apply_profile(
     paths: &[String],
     platform: Option<&Platform>,
 ) -> Result<ProfileReport, ConvertError> {
+    rewrite(client, image, dst, Some(paths), platform).await
+}
+
+/// Rewrite the manifest(s) of the weenv image at `image` (to `dst`, as [`apply_profile`]
+/// does) keeping their profile and (re)writing only the annotations stock containerd clients
+/// need for lazy pulls (see [`with_snapshot_annotations`]): images converted before those
+/// annotations existed get them without any layer being re-uploaded.
+pub async fn apply_annotations(
+    client: &Client,
+    image: &ImageLocation,
+    dst: Option<&ImageLocation>,
+    platform: Option<&Platform>,
+) -> Result<ProfileReport, ConvertError> {
+    rewrite(client, image, dst, None, platform).await
+}
+
+async fn rewrite(
+    client: &Client,
+    image: &ImageLocation,
+    dst: Option<&ImageLocation>,
+    paths: Option<&[String]>,
+    platform: Option<&Platform>,
+) -> Result<ProfileReport, ConvertError> {
     if dst.is_none() && matches!(image, ImageLocation::Archive { .. }) {
         return Err(ConvertError::BadOption {
             field: "--to",
@@ -276,7 +326,7 @@ pub async fn apply_profile(
             Some(ix)
         }
     };
-    check_policy(&plans, paths.len(), &source.describe())?;
+    check_policy(&plans, paths.map_or(0, <[String]>::len), &source.describe())?;
 
     let sink = Sink::open(dst, client, source.registry_repo(), 16 << 20)?;
     for p in &mut plans {
@@ -327,7 +377,7 @@ pub async fn apply_profile(
         destination: sink.describe(),
         digest: digest.to_string(),
         media_type,
-        paths: paths.len(),
+        paths: paths.map_or(0, <[String]>::len),
         manifests: plans.into_iter().map(|p| p.report).collect(),
     })
 }
@@ -377,7 +427,7 @@ async fn plan(
     digest: &Digest,
     media_type: &str,
     platform: Option<String>,
-    paths: &[String],
+    paths: Option<&[String]>,
 ) -> Result<Planned, ConvertError> {
     let mut tocs: Vec<Option<Toc>> = Vec::with_capacity(m.layers.len());
     let mut read: BTreeMap<Digest, Option<Toc>> = BTreeMap::new();
@@ -389,7 +439,10 @@ async fn plan(
         tocs.push(read.get(&l.digest).cloned().flatten());
     }
     let refs: Vec<Option<&Toc>> = tocs.iter().map(Option::as_ref).collect();
-    let (out, layers, resolved) = profile_manifest(&m, &refs, paths);
+    let (out, layers, resolved) = match paths {
+        Some(paths) => profile_manifest(&m, &refs, paths),
+        None => keep_profile(&m, &refs),
+    };
     let bytes = serde_json::to_vec(&out).map_err(|e| ConvertError::Task(e.to_string()))?;
     let media_type = out
         .media_type
@@ -495,6 +548,40 @@ mod tests {
         assert!(!cleared.layers[0]
             .annotations
             .contains_key(ANNOTATION_PREFETCH));
+    }
+
+    #[test]
+    fn keeping_the_profile_writes_only_the_stock_client_annotations() {
+        use weenv_format::snapshot_labels::ANNOTATION_SNAPSHOT_LAYER_DIGEST;
+        let lower = toc(&[("a", &[0, 1])], 5);
+        let mut m = manifest(2);
+        let hint = weenv_format::TocHint {
+            offset: 900,
+            length: 100,
+            digest: Digest::sha256(b"toc"),
+        };
+        m.layers[0].annotations = crate::layer::hint_annotations(&hint);
+        m.layers[0]
+            .annotations
+            .insert(ANNOTATION_PREFETCH.into(), "0-1".into());
+        let (out, layers, _) = keep_profile(&m, &[Some(&lower), None]);
+        let a = &out.layers[0].annotations;
+        assert_eq!(a.get(ANNOTATION_PREFETCH).map(String::as_str), Some("0-1"));
+        assert_eq!(
+            a.get(ANNOTATION_SNAPSHOT_LAYER_DIGEST),
+            Some(&m.layers[0].digest.to_string())
+        );
+        assert_eq!(
+            weenv_format::snapshot_labels::layer_from_labels(a).and_then(|l| l.hint),
+            Some(hint)
+        );
+        assert_eq!(out.layers[1], m.layers[1], "a plain layer is left alone");
+        assert_eq!((layers[0].frames, layers[0].bytes), (2, 200));
+        assert_eq!(layers[0].annotation.as_deref(), Some("0-1"));
+        // Profiling writes them too; both are idempotent.
+        let (profiled, _, _) = profile_manifest(&m, &[Some(&lower), None], &["/a".into()]);
+        assert_eq!(profiled, out);
+        assert_eq!(keep_profile(&out, &[Some(&lower), None]).0, out);
     }
 
     #[test]

@@ -27,6 +27,7 @@ pub mod paths;
 pub mod prefetch;
 pub mod range;
 pub mod reader;
+pub mod snapshot_labels;
 pub mod tar;
 pub mod tarcheck;
 pub mod testdata;

@@ -7,6 +7,7 @@
 //! - [`containerd`]: a private containerd with the weenv proxy snapshotter and shim.
 //! - [`cluster`]: K nodes in network namespaces (own containerd + snapshotter each) and a
 //!   registry behind an HTB-shaped link, for the peer cache.
+//! - [`stockrun`]: containerd's Go client making nerdctl's calls (built from `go/stockrun`).
 //! - [`untrusted_resources`]: images that try to exhaust the daemon's disk and memory.
 //! - [`untrusted_tocbind`]: weenv images whose TOC lies about the tar in the same blob.
 
@@ -14,6 +15,7 @@ pub mod cluster;
 pub mod containerd;
 pub mod images;
 pub mod registry;
+pub mod stockrun;
 pub mod untrusted_resources;
 pub mod untrusted_tocbind;
 pub mod util;

@@ -207,14 +207,6 @@ fn run_fails(ctd: &Containerd, ns: &str, image: &str, id: &str) -> Result<()> {
     }
 }
 
-fn metric(daemon: &Daemon, name: &str) -> Result<u64> {
-    let m = daemon.weenv(&["metrics"])?;
-    m.lines()
-        .find_map(|l| l.strip_prefix(&format!("{name} ")))
-        .and_then(|v| v.trim().parse().ok())
-        .with_context(|| format!("{name} in /metrics"))
-}
-
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs root, containerd, runc, fuse, docker-registry, skopeo, umoci"]
 async fn forged_diff_ids_never_poison_another_namespace() -> Result<()> {
@@ -248,7 +240,7 @@ async fn forged_diff_ids_never_poison_another_namespace() -> Result<()> {
         daemon.log()
     );
     ensure!(
-        metric(&daemon, "weenv_remote_prepares_total{outcome=\"refused\"}")? >= 1,
+        daemon.metric("weenv_remote_prepares_total{outcome=\"refused\"}")? >= 1,
         "GOOD's Prepare was not refused EVIL's snapshot"
     );
 
@@ -269,7 +261,7 @@ async fn forged_diff_ids_never_poison_another_namespace() -> Result<()> {
         tokio::time::sleep(Duration::from_millis(500)).await;
     };
     ensure!(status.contains(&hex[..12]), "{status}");
-    ensure!(metric(&daemon, "weenv_layer_quarantined_total")? == 1);
+    ensure!(daemon.metric("weenv_layer_quarantined_total")? == 1);
     ensure!(
         daemon.log().contains("layer quarantined") && daemon.log().contains(&evil_layer),
         "quarantine not logged with the layer digest"
@@ -333,8 +325,8 @@ async fn a_lying_toc_is_caught_before_the_entry_is_exposed() -> Result<()> {
         "{s}\ndaemon log:\n{}",
         daemon.log()
     );
-    ensure!(metric(&daemon, "weenv_layer_quarantined_total")? == 1);
-    ensure!(metric(&daemon, "weenv_header_checks_total")? >= 1);
+    ensure!(daemon.metric("weenv_layer_quarantined_total")? == 1);
+    ensure!(daemon.metric("weenv_header_checks_total")? >= 1);
     Ok(())
 }
 
@@ -383,12 +375,12 @@ async fn header_checks_cost_at_cold_start() -> Result<()> {
             ensure!(out.contains("ok"), "{out}");
             let bytes = py.proxy.stats().bytes_served();
             let requests = py.proxy.stats().requests().len() as u64;
-            let checked = metric(&daemon, "weenv_header_checks_total")?;
+            let checked = daemon.metric("weenv_header_checks_total")?;
             ensure!(
                 (checked > 0) == checks,
                 "checks {checks}: {checked} headers checked"
             );
-            ensure!(metric(&daemon, "weenv_layer_quarantined_total")? == 0);
+            ensure!(daemon.metric("weenv_layer_quarantined_total")? == 0);
             println!(
                 "round {round} checks={checks}: {bytes} bytes, {requests} requests, {secs:.3} s, {checked} headers checked"
             );

@@ -103,6 +103,14 @@ pub struct RegistrySection {
     /// Per-request timeout in seconds. Default 30.
     #[serde(default = "default_timeout")]
     pub timeout_secs: u64,
+    /// containerd's socket. When a Prepare names a weenv layer but not its image (stock
+    /// clients: nerdctl, the Go client, CRI without snapshot annotations), the daemon finds the
+    /// registry and repository in containerd's content store (the
+    /// `containerd.io/distribution.source.<host>` label of the manifest listing the layer).
+    /// Default `/run/containerd/containerd.sock`; `""` turns this off (such layers are then
+    /// pulled the ordinary way).
+    #[serde(default = "default_containerd_socket")]
+    pub containerd_socket: PathBuf,
 }
 
 /// Chunk caches.
@@ -325,6 +333,10 @@ impl LimitsSection {
 fn default_root() -> PathBuf {
     PathBuf::from("/var/lib/weenv-snapshotter")
 }
+fn default_containerd_socket() -> PathBuf {
+    PathBuf::from("/run/containerd/containerd.sock")
+}
+
 fn default_socket() -> PathBuf {
     PathBuf::from("/run/weenv/snapshotter.sock")
 }
@@ -366,6 +378,7 @@ impl Default for RegistrySection {
             docker_config: None,
             plain_http: Vec::new(),
             timeout_secs: default_timeout(),
+            containerd_socket: default_containerd_socket(),
         }
     }
 }
@@ -504,6 +517,13 @@ impl Config {
         }
         if self.registry.timeout_secs == 0 {
             return Err(invalid("registry.timeout_secs", "must be at least 1"));
+        }
+        let cs = &self.registry.containerd_socket;
+        if !cs.as_os_str().is_empty() && !cs.is_absolute() {
+            return Err(invalid(
+                "registry.containerd_socket",
+                "must be an absolute path (or \"\" to turn the content-store lookup off)",
+            ));
         }
         for h in &self.registry.plain_http {
             if h.is_empty() || h.contains('/') {
@@ -743,6 +763,12 @@ mod tests {
             field("version = 1\n[limits]\nmax_toc_bytes = 4096"),
             "limits.max_toc_bytes"
         );
+        assert_eq!(
+            field("version = 1\n[registry]\ncontainerd_socket = \"rel.sock\""),
+            "registry.containerd_socket"
+        );
+        let off = parse("version = 1\n[registry]\ncontainerd_socket = \"\"").unwrap();
+        assert!(off.registry.containerd_socket.as_os_str().is_empty());
         let c = parse("version = 1\n[limits]\nmax_toc_entries = 5").unwrap();
         assert_eq!(c.limits.toc_limits().max_entries, 5);
         assert_eq!(c.limits.toc_limits().max_decoded_bytes, 128 << 20);

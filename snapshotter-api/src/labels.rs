@@ -68,6 +68,44 @@ impl RemoteLayerRequest {
     }
 }
 
+/// A Prepare from containerd's own unpacker (nerdctl, the Go client's `Pull` with unpack, CRI
+/// with `disable_snapshot_annotations`): only the target and the layer descriptor's inherited
+/// annotations ([`weenv_format::snapshot_labels`]) — no image reference. The daemon finds where
+/// the layer comes from itself (containerd's content store).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UnsourcedLayerRequest {
+    /// The committed snapshot to create (chain id).
+    pub target: String,
+    /// The layer the inherited labels name.
+    pub layer: weenv_format::snapshot_labels::LabeledLayer,
+}
+
+impl UnsourcedLayerRequest {
+    /// `None` when the labels name an image ([`RemoteLayerRequest::from_labels`] applies), have
+    /// no target, or carry no weenv layer digest.
+    pub fn from_labels(labels: &HashMap<String, String>) -> Option<Self> {
+        if RemoteLayerRequest::from_labels(labels).is_some() {
+            return None;
+        }
+        let target = labels.get(LABEL_TARGET).filter(|t| !t.is_empty())?;
+        Some(Self {
+            target: target.clone(),
+            layer: weenv_format::snapshot_labels::layer_from_labels(labels)?,
+        })
+    }
+
+    /// The request once the image is known: `reference` reaches the registry, `manifest` is
+    /// the image manifest listing the layer.
+    pub fn with_source(self, reference: String, manifest: Option<String>) -> RemoteLayerRequest {
+        RemoteLayerRequest {
+            target: self.target,
+            reference,
+            digest: self.layer.digest,
+            manifest,
+        }
+    }
+}
+
 /// Labels on the Prepare of layer `i`.
 pub fn layer_labels(
     chain_id: &str,
@@ -149,6 +187,39 @@ mod tests {
             (LABEL_CRI_LAYER_DIGEST, "sha256:bad")
         ]))
         .is_none());
+    }
+
+    #[test]
+    fn unsourced_requests_come_from_inherited_annotations_only() {
+        use weenv_format::snapshot_labels::ANNOTATION_SNAPSHOT_LAYER_DIGEST;
+        let mut l = labels(&[
+            (LABEL_TARGET, "sha256:chain"),
+            (ANNOTATION_SNAPSHOT_LAYER_DIGEST, D),
+        ]);
+        let u = UnsourcedLayerRequest::from_labels(&l).unwrap();
+        assert_eq!(
+            (u.target.as_str(), u.layer.digest.as_str()),
+            ("sha256:chain", D)
+        );
+        let r = u.with_source("h/r@sha256:m".into(), Some("sha256:m".into()));
+        assert_eq!(
+            (
+                r.reference.as_str(),
+                r.digest.as_str(),
+                r.manifest.as_deref()
+            ),
+            ("h/r@sha256:m", D, Some("sha256:m"))
+        );
+        // A client that names the image wins (its reference is used as it is).
+        l.insert(LABEL_CRI_IMAGE_REF.into(), "r.io/a:1".into());
+        l.insert(LABEL_CRI_LAYER_DIGEST.into(), D.into());
+        assert!(UnsourcedLayerRequest::from_labels(&l).is_none());
+        assert!(UnsourcedLayerRequest::from_labels(&labels(&[(
+            ANNOTATION_SNAPSHOT_LAYER_DIGEST,
+            D
+        )]))
+        .is_none());
+        assert!(UnsourcedLayerRequest::from_labels(&labels(&[(LABEL_TARGET, "x")])).is_none());
     }
 
     #[test]

@@ -12,6 +12,7 @@ use crate::fs::trust::TrustEvent;
 use crate::http::{self, Observable};
 use crate::layers::{LayerStore, LayerStoreConfig};
 use crate::metrics::Metrics;
+use crate::remote::source::ContainerdSources;
 use crate::remote::toc_cache::TocCache;
 use crate::remote::{LayerProvider, WeenvLayers};
 use crate::service::SnapshotService;
@@ -198,14 +199,17 @@ pub async fn run(cfg: Config) -> Result<(), DaemonError> {
     let provider: Arc<dyn LayerProvider> = Arc::new(WeenvLayers::new(
         store.clone(),
         layers.clone(),
-        registry,
+        registry.clone(),
         TocCache::new(&cfg.toc_dir(), cfg.limits.toc_limits()),
     ));
-    let svc = Arc::new(SnapshotService::new(
-        store.clone(),
-        cfg.snapshots_dir(),
-        Some(provider),
-    )?);
+    let mut svc = SnapshotService::new(store.clone(), cfg.snapshots_dir(), Some(provider))?;
+    if !cfg.registry.containerd_socket.as_os_str().is_empty() {
+        svc = svc.with_sources(Arc::new(ContainerdSources::new(
+            cfg.registry.containerd_socket.clone(),
+            registry,
+        )));
+    }
+    let svc = Arc::new(svc);
     let (ok, failed) = svc.remount_all().await?;
     info!(remounted = ok, failed, "remote snapshots remounted");
     layers.serve()?;

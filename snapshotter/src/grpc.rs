@@ -8,7 +8,7 @@
 #![allow(clippy::result_large_err)]
 
 use crate::mounts::MountSpec;
-use crate::service::{Info, SnapshotError, SnapshotService};
+use crate::service::{Info, SnapshotError, SnapshotService, DEFAULT_NAMESPACE};
 use crate::store::{Kind, StoreError};
 use containerd_client::services::v1::snapshots::{
     CleanupRequest, CommitSnapshotRequest, Info as CInfo, Kind as CKind, ListSnapshotsRequest,
@@ -157,6 +157,30 @@ async fn blocking<T: Send + 'static>(
 }
 
 /// The generated `Snapshots` service over [`SnapshotService`].
+/// The containerd namespace of a Prepare: the `containerd-namespace` header when a client
+/// sends one (a direct client), else the prefix of the backend key — containerd's metadata
+/// layer names a proxy snapshotter's snapshots `<namespace>/<n>/<key>` and does not forward the
+/// namespace header — else [`DEFAULT_NAMESPACE`]. Pure.
+fn namespace_of<T>(req: &Request<T>, key: &str) -> String {
+    if let Some(ns) = req
+        .metadata()
+        .get("containerd-namespace")
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.is_empty())
+    {
+        return ns.to_string();
+    }
+    let mut parts = key.splitn(3, '/');
+    match (parts.next(), parts.next(), parts.next()) {
+        (Some(ns), Some(n), Some(_))
+            if !ns.is_empty() && !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) =>
+        {
+            ns.to_string()
+        }
+        _ => DEFAULT_NAMESPACE.to_string(),
+    }
+}
+
 pub struct Grpc {
     svc: Arc<SnapshotService>,
 }
@@ -173,16 +197,17 @@ impl Snapshots for Grpc {
         &self,
         req: Request<PrepareSnapshotRequest>,
     ) -> Result<Response<PrepareSnapshotResponse>, Status> {
+        let namespace = namespace_of(&req, &req.get_ref().key);
         let PrepareSnapshotRequest {
             key,
             parent,
             labels,
             ..
         } = req.into_inner();
-        debug!(key, parent, ?labels, "prepare");
+        debug!(namespace, key, parent, ?labels, "prepare");
         let mounts = self
             .svc
-            .prepare(&key, &parent, labels)
+            .prepare_in(&namespace, &key, &parent, labels)
             .await
             .map(to_mounts)
             .map_err(st("prepare", &key))?;
@@ -349,6 +374,23 @@ mod tests {
     use crate::store::{FilterError, MetaStore};
     use containerd_client::services::v1::snapshots::snapshots_client::SnapshotsClient;
     use std::collections::HashMap;
+
+    #[test]
+    fn namespace_from_header_or_backend_key() {
+        let ns = |key: &str, header: Option<&str>| {
+            let mut r = Request::new(());
+            if let Some(h) = header {
+                r.metadata_mut()
+                    .insert("containerd-namespace", h.parse().unwrap());
+            }
+            namespace_of(&r, key)
+        };
+        assert_eq!(ns("k8s.io/12/extract-1 sha256:a", None), "k8s.io");
+        assert_eq!(ns("k8s.io/12/extract-1 sha256:a", Some("x")), "x");
+        for key in ["", "plain-key", "a/b/c", "a/1", "/1/x", "a//x"] {
+            assert_eq!(ns(key, None), DEFAULT_NAMESPACE, "{key}");
+        }
+    }
 
     /// The real server on a unix socket, driven by containerd's (tonic 0.14) client: the codes
     /// containerd sees.

@@ -9,8 +9,10 @@ use crate::mounts::{
     hold_natives, mounts_for, native_for_new, native_lower, release_native, Access, MountSpec,
 };
 use crate::remote::identity::claim_fits_target;
+use crate::remote::source::LayerSources;
 use crate::remote::{
-    LayerProvider, RemoteError, RemoteLayerRequest, LABEL_TARGET, LABEL_WEENV_LAYER,
+    LayerProvider, RemoteError, RemoteLayerRequest, UnsourcedLayerRequest, LABEL_TARGET,
+    LABEL_WEENV_LAYER,
 };
 use crate::store::{
     Filter, FilterError, Kind, MetaStore, NewSnapshot, RemoteLayerRef, SnapshotRecord, StoreError,
@@ -79,6 +81,9 @@ pub struct RemoteCounters {
     /// layer under the chain, another claimed diff_id or TOC, a quarantined layer, no claim):
     /// they took the ordinary path, where containerd checks the diff_id.
     pub remote_refused: AtomicU64,
+    /// Prepares naming a weenv layer but not its image (stock clients) whose image was not
+    /// found in containerd's content store: they took the ordinary path.
+    pub remote_no_source: AtomicU64,
 }
 
 impl RemoteCounters {
@@ -94,6 +99,7 @@ impl RemoteCounters {
                 ("not_weenv", &self.remote_not_weenv),
                 ("error", &self.remote_errors),
                 ("refused", &self.remote_refused),
+                ("no_source", &self.remote_no_source),
             ]
             .map(|(outcome, c)| (outcome, c.load(Ordering::Relaxed)))
             .to_vec(),
@@ -110,7 +116,12 @@ pub struct SnapshotService {
     store: Arc<MetaStore>,
     snapshots_dir: PathBuf,
     layers: Option<Arc<dyn LayerProvider>>,
+    /// Where layers come from when a Prepare names only the layer (stock clients).
+    sources: Option<Arc<dyn LayerSources>>,
 }
+
+/// containerd's default namespace (a Prepare without the namespace header).
+pub const DEFAULT_NAMESPACE: &str = "default";
 
 fn now_nanos() -> u64 {
     SystemTime::now()
@@ -137,7 +148,14 @@ impl SnapshotService {
             store,
             snapshots_dir,
             layers,
+            sources: None,
         })
+    }
+
+    /// Finds the image of layers whose Prepare names only the layer through `sources`.
+    pub fn with_sources(mut self, sources: Arc<dyn LayerSources>) -> Self {
+        self.sources = Some(sources);
+        self
     }
 
     /// Remote-path counters.
@@ -276,8 +294,52 @@ impl SnapshotService {
         parent: &str,
         labels: HashMap<String, String>,
     ) -> Result<Vec<MountSpec>, SnapshotError> {
-        if let (Some(layers), Some(req)) = (&self.layers, RemoteLayerRequest::from_labels(&labels))
-        {
+        self.prepare_in(DEFAULT_NAMESPACE, key, parent, labels)
+            .await
+    }
+
+    /// The remote request of a Prepare: the image its labels name, or (stock clients: only the
+    /// layer is named) the image the content store of `namespace` names for the layer.
+    async fn remote_request(
+        &self,
+        namespace: &str,
+        labels: &HashMap<String, String>,
+    ) -> Option<RemoteLayerRequest> {
+        if let Some(r) = RemoteLayerRequest::from_labels(labels) {
+            return Some(r);
+        }
+        let u = UnsourcedLayerRequest::from_labels(labels)?;
+        let sources = self.sources.as_ref()?;
+        match sources.source(namespace, &u.layer.digest).await {
+            Some(s) => {
+                debug!(digest = %u.layer.digest, reference = %s.reference, "layer source found in containerd's content store");
+                Some(u.with_source(s.reference, Some(s.manifest)))
+            }
+            None => {
+                self.counters
+                    .remote_no_source
+                    .fetch_add(1, Ordering::Relaxed);
+                warn!(namespace, digest = %u.layer.digest, target = %u.target,
+                    "no image manifest in containerd's content store lists this weenv layer \
+                     with a distribution source; taking the ordinary path");
+                None
+            }
+        }
+    }
+
+    /// [`Self::prepare`] for a Prepare in containerd namespace `namespace`.
+    pub async fn prepare_in(
+        &self,
+        namespace: &str,
+        key: &str,
+        parent: &str,
+        labels: HashMap<String, String>,
+    ) -> Result<Vec<MountSpec>, SnapshotError> {
+        let req = match &self.layers {
+            Some(_) => self.remote_request(namespace, &labels).await,
+            None => None,
+        };
+        if let (Some(layers), Some(req)) = (&self.layers, req) {
             match self
                 .try_remote(layers.as_ref(), &req, parent, &labels)
                 .await

@@ -69,13 +69,14 @@ impl Daemon {
         }
         let cfg = format!(
             "version = 1\nroot_dir = {root:?}\nsocket = {sock:?}\nlog_level = \"info,weenv_snapshotter=debug\"\n\
-             [registry]\nplain_http = [{hosts}]\nhosts_dir = {hd:?}\n\
+             [registry]\nplain_http = [{hosts}]\nhosts_dir = {hd:?}\ncontainerd_socket = {cs:?}\n\
              [cache]\nmemory_bytes = 67108864\ndisk_bytes = 4294967296\n\
              [fill]\nenabled = {fill}\n{fill_extra}\n[observability]\nlisten = {status_addr:?}\n{extra}",
             root = root.join("state").display().to_string(),
             sock = socket.display().to_string(),
             hosts = hosts.join(", "),
             hd = hosts_dir.display().to_string(),
+            cs = root.join("containerd.sock").display().to_string(),
             fill = opts.fill,
             fill_extra = opts.fill_extra,
         );
@@ -109,6 +110,16 @@ impl Daemon {
         if let Err(e) = wait_for_unix_socket(&self.socket, Duration::from_secs(30)) {
             bail!("snapshotter did not start: {e}; log:\n{}", self.log());
         }
+        Ok(())
+    }
+
+    /// Points the daemon's `registry.containerd_socket` (`<root>/containerd.sock`, a symlink)
+    /// at `ctd`: Prepares from stock clients (only the layer named) then find their image in
+    /// that containerd's content store. Without it they take the ordinary path.
+    pub fn use_containerd(&self, ctd: &weenv_integration::containerd::Containerd) -> Result<()> {
+        let link = self.root.join("containerd.sock");
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(ctd.address(), &link)?;
         Ok(())
     }
 
@@ -203,6 +214,16 @@ impl Daemon {
         Ok(String::from_utf8_lossy(&o.stdout).into_owned())
     }
 
+    /// The value of metric `name` (with its labels, e.g.
+    /// `weenv_remote_prepares_total{outcome="remote"}`) in `weenv metrics`.
+    pub fn metric(&self, name: &str) -> Result<u64> {
+        let m = self.weenv(&["metrics"])?;
+        m.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} ")))
+            .and_then(|v| v.trim().parse().ok())
+            .with_context(|| format!("{name} in /metrics:\n{m}"))
+    }
+
     /// `weenv pull` into containerd at `ctd_sock`, namespace `ns`.
     pub fn pull(&self, ctd_sock: &Path, ns: &str, reference: &str) -> Result<String> {
         let sock = ctd_sock.display().to_string();
@@ -231,6 +252,7 @@ pub fn lazy_stack(
             ..Default::default()
         },
     )?;
+    daemon.use_containerd(&ctd)?;
     Ok((daemon, ctd))
 }
 

@@ -6,18 +6,25 @@
 //! - [`image`]: what the image manifest says about its layers (size, TOC hint, profile).
 //! - [`identity`]: which known layer a Prepare may be served from (pure).
 //! - [`provider`]: [`WeenvLayers`], the real [`LayerProvider`] (registry + FUSE layer store).
+//! - [`source`]: where a layer comes from when the Prepare names only the layer (stock
+//!   clients): containerd's content store.
 //!
 //! containerd passes `containerd.io/snapshot.ref=<target chainID>` plus one of two label
 //! families naming the image and the layer:
 //! - CRI / Go client handler wrapper: `containerd.io/snapshot/cri.image-ref`,
 //!   `containerd.io/snapshot/cri.layer-digest`;
 //! - `ctr-remote image rpull` (stargz): `containerd.io/snapshot/remote/stargz.reference`,
-//!   `containerd.io/snapshot/remote/stargz.digest`.
+//!   `containerd.io/snapshot/remote/stargz.digest`;
+//! - containerd's own unpacker (nerdctl, the Go client, CRI without snapshot annotations):
+//!   only the layer descriptor's inherited `containerd.io/snapshot/*` annotations, which
+//!   weenv-convert writes (`containerd.io/snapshot/weenv.layer-digest` + TOC hint); the image
+//!   is then found through [`source`].
 
 pub mod identity;
 pub mod image;
 pub mod probe;
 pub mod provider;
+pub mod source;
 pub mod toc_cache;
 
 pub use provider::WeenvLayers;
@@ -27,8 +34,9 @@ use thiserror::Error;
 use weenv_format::Digest;
 
 pub use weenv_snapshotter_api::labels::{
-    RemoteLayerRequest, LABEL_CRI_IMAGE_REF, LABEL_CRI_LAYER_DIGEST, LABEL_CRI_MANIFEST_DIGEST,
-    LABEL_STARGZ_DIGEST, LABEL_STARGZ_REFERENCE, LABEL_TARGET, LABEL_WEENV_LAYER,
+    RemoteLayerRequest, UnsourcedLayerRequest, LABEL_CRI_IMAGE_REF, LABEL_CRI_LAYER_DIGEST,
+    LABEL_CRI_MANIFEST_DIGEST, LABEL_STARGZ_DIGEST, LABEL_STARGZ_REFERENCE, LABEL_TARGET,
+    LABEL_WEENV_LAYER,
 };
 
 /// Errors of the remote path. None of them fails a Prepare: the service falls back to the

@@ -24,6 +24,8 @@ struct Fake {
     /// Layer digest -> the diff_id its image claims (none: the fake names no claim).
     claims: Mutex<HashMap<String, Digest>>,
     quarantined: Mutex<HashSet<String>>,
+    /// (reference, manifest) of every mount request.
+    requests: Mutex<Vec<(String, Option<String>)>>,
 }
 
 impl Fake {
@@ -50,6 +52,9 @@ impl LayerProvider for Fake {
             return Ok(None);
         }
         self.mounted.lock().push(req.digest.to_string());
+        self.requests
+            .lock()
+            .push((req.reference.clone(), req.manifest.clone()));
         Ok(Some(self.layer(&req.digest)))
     }
     async fn remount(&self, digest: &Digest) -> Result<MountedLayer, RemoteError> {
@@ -188,6 +193,74 @@ async fn remote_prepare_commits_and_says_already_exists() -> TestResult {
     );
     assert!(
         m.contains("weenv_remote_prepares_total{outcome=\"not_weenv\"} 1"),
+        "{m}"
+    );
+    Ok(())
+}
+
+/// Fake content store: D1 is listed by a manifest pulled from `reg.io/team/app`.
+struct FakeSources;
+
+#[async_trait::async_trait]
+impl LayerSources for FakeSources {
+    async fn source(
+        &self,
+        namespace: &str,
+        layer: &Digest,
+    ) -> Option<crate::remote::source::LayerSource> {
+        (namespace == "k8s.io" && layer.as_str() == D1).then(|| {
+            crate::remote::source::LayerSource {
+                reference: format!("reg.io/team/app@{D2}"),
+                manifest: D2.to_string(),
+            }
+        })
+    }
+}
+
+#[tokio::test]
+async fn stock_client_prepares_find_the_image_in_the_content_store() -> TestResult {
+    use weenv_format::snapshot_labels::ANNOTATION_SNAPSHOT_LAYER_DIGEST;
+    let d = tempfile::tempdir()?;
+    let fake = Arc::new(Fake::default());
+    let s = svc(d.path(), Some(fake.clone())).with_sources(Arc::new(FakeSources));
+    // What containerd's unpacker sends: the target and the inherited annotations only.
+    let labels = |target: &str, digest: &str| -> HashMap<String, String> {
+        [
+            (LABEL_TARGET.to_string(), target.to_string()),
+            (
+                ANNOTATION_SNAPSHOT_LAYER_DIGEST.to_string(),
+                digest.to_string(),
+            ),
+        ]
+        .into()
+    };
+    let r = s
+        .prepare_in("k8s.io", "ns/1/extract-x", "", labels("sha256:c1", D1))
+        .await;
+    assert!(matches!(r, Err(SnapshotError::RemoteCommitted(ref t)) if t == "sha256:c1"));
+    assert_eq!(
+        fake.requests.lock().clone(),
+        vec![(format!("reg.io/team/app@{D2}"), Some(D2.to_string()))]
+    );
+    // Another namespace's content store does not list it: the ordinary path.
+    let m = s
+        .prepare_in("default", "ns/2/extract-y", "", labels("sha256:c2", D1))
+        .await?;
+    assert_eq!(m[0].kind, "bind");
+    // Without a source lookup configured: the ordinary path, no lookup counted.
+    let p = tempfile::tempdir()?;
+    let plain = svc(p.path(), Some(fake.clone()));
+    assert!(plain
+        .prepare_in("k8s.io", "ns/3/e", "", labels("sha256:c3", D1))
+        .await
+        .is_ok());
+    let m = s.counters().render();
+    assert!(
+        m.contains("weenv_remote_prepares_total{outcome=\"remote\"} 1"),
+        "{m}"
+    );
+    assert!(
+        m.contains("weenv_remote_prepares_total{outcome=\"no_source\"} 1"),
         "{m}"
     );
     Ok(())
