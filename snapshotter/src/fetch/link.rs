@@ -15,10 +15,9 @@
 //!   it started;
 //! - **promotion** (single flight): a demand read that wants a frame claimed by a *queued*
 //!   prefetch request promotes that request: it leaves the queue and is sent at once as
-//!   demand; the reader waits for it, nothing is fetched twice. A promoted request ends like
-//!   demand (the quiet time restarts): a profile recorded for another command on the image
-//!   names frames this command reads too, in another order, and a prefetch running between
-//!   its reads slowed it down (bench `yield.sh`). (A fill request claims its frames only once admitted, so demand never waits for
+//!   demand; the reader waits for it, nothing is fetched twice. Promoted requests do not
+//!   restart the quiet time: the profile predicted that read, so the prefetch is useful and
+//!   goes on. (A fill request claims its frames only once admitted, so demand never waits for
 //!   a queued fill request: it fetches the frame itself.)
 //!
 //! [`LinkScheduler`] is the async shell: waiters pump the queue themselves (on every change
@@ -173,13 +172,14 @@ impl LinkQueue {
         true
     }
 
-    /// Request `id` ended at `now` (or its waiter went away): queued, running or promoted.
-    pub fn release(&mut self, id: TicketId, now: Duration) {
+    /// Request `id` ended (or its waiter went away): queued, running or promoted.
+    pub fn release(&mut self, id: TicketId) {
         if self.running.remove(&id).is_some() {
             return;
         }
         if self.promoted.remove(&id) {
-            self.demand_ended(now);
+            // Predicted demand: no quiet time after it.
+            self.demand = self.demand.saturating_sub(1);
             return;
         }
         self.queue.retain(|(_, i), _| *i != id);
@@ -254,8 +254,7 @@ pub struct BgPermit<'a> {
 
 impl Drop for BgPermit<'_> {
     fn drop(&mut self) {
-        let now = self.sched.now();
-        self.sched.q.lock().release(self.id, now);
+        self.sched.q.lock().release(self.id);
         self.sched.changed.notify_waiters();
     }
 }
@@ -417,13 +416,13 @@ mod tests {
             "alone over the bound"
         );
         assert!(q.pump(MS(5000), &p).admitted.is_empty());
-        q.release(big, MS(5000));
+        q.release(big);
         let a = q.enqueue(Class::Prefetch, 4);
         let b = q.enqueue(Class::Prefetch, 6);
         assert_eq!(q.pump(MS(5000), &p).admitted, vec![small, a]);
         assert_eq!(q.background_bytes(), 5);
         assert!(q.pump(MS(5000), &p).admitted.is_empty(), "5 + 6 > 10");
-        q.release(small, MS(5000));
+        q.release(small);
         assert_eq!(q.pump(MS(5000), &p).admitted, vec![b]);
     }
 
@@ -439,12 +438,12 @@ mod tests {
         // A prefetch queued later still goes first, past the fill's cap.
         let pf = q.enqueue(Class::Prefetch, 1);
         assert_eq!(q.pump(MS(5000), &p).admitted, vec![pf]);
-        q.release(f[0], MS(5000));
+        q.release(f[0]);
         assert_eq!(q.pump(MS(5000), &p).admitted, vec![f[2]]);
     }
 
     #[test]
-    fn promotion_sends_at_once_as_demand_and_ends_like_demand() {
+    fn promotion_sends_at_once_as_demand_and_leaves_no_quiet_time() {
         let p = policy();
         let mut q = LinkQueue::default();
         q.demand_started(MS(1000));
@@ -455,17 +454,15 @@ mod tests {
         assert_eq!(q.demand_in_flight(), 2);
         q.demand_ended(MS(1000));
         assert!(q.pump(MS(2000), &p).admitted.is_empty(), "b in flight");
-        q.release(b, MS(2000));
+        q.release(b);
         assert_eq!(q.state(b), None);
-        assert_eq!(q.demand_in_flight(), 0);
         assert_eq!(
-            q.pump(MS(2050), &p).recheck_in,
-            Some(MS(50)),
-            "the quiet time counts from the promoted request's end"
+            q.pump(MS(2000), &p).admitted,
+            vec![a],
+            "the quiet time counts from the unpredicted demand, not the promoted one"
         );
-        assert_eq!(q.pump(MS(2100), &p).admitted, vec![a]);
         assert!(!q.promote(a), "admitted requests are on the wire already");
-        q.release(a, MS(5000));
+        q.release(a);
         assert_eq!(q.demand_in_flight(), 0);
         assert_eq!(q.background_bytes(), 0);
     }
@@ -474,7 +471,7 @@ mod tests {
     fn released_while_queued_leaves_no_trace() {
         let mut q = LinkQueue::default();
         let a = q.enqueue(Class::Fill, 1);
-        q.release(a, MS(5000));
+        q.release(a);
         assert_eq!(q.state(a), None);
         assert!(q.pump(MS(5000), &policy()).admitted.is_empty());
     }
@@ -496,7 +493,7 @@ mod tests {
                     1 => ids.push(q.enqueue(Class::Fill, x)),
                     2 => { q.demand_started(now); demand += 1; }
                     3 if demand > 0 => { q.demand_ended(now); demand -= 1; }
-                    4 if !ids.is_empty() => { let id = ids.remove(x as usize % ids.len()); q.release(id, now); }
+                    4 if !ids.is_empty() => { let id = ids.remove(x as usize % ids.len()); q.release(id); }
                     _ => if let Some(id) = ids.get(x as usize % ids.len().max(1)) { q.promote(*id); }
                 }
                 let before = q.running.len();

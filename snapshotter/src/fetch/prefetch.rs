@@ -8,8 +8,8 @@
 //! `FillConfig::prefetch_quiet_ms`), a few at a time (`FillConfig::prefetch_concurrency`,
 //! `FillConfig::background_bytes`), so a command the profile did not record is not slowed
 //! down by it. An on-demand read of a frame a queued request claimed promotes that request (sent
-//! at once as demand; single flight: the reader waits for the prefetch's copy, nothing is
-//! fetched twice). Requests are small (`FillConfig::prefetch_batch_bytes`), so a frame a reader waits
+//! at once; single flight: the reader waits for the prefetch's copy, nothing is fetched
+//! twice). Requests are small (`FillConfig::prefetch_batch_bytes`), so a frame a reader waits
 //! for is published after its own request, not after the whole profile. Frames already in L2
 //! are skipped.
 
