@@ -150,14 +150,32 @@ async fn a_read_the_profile_did_not_predict_goes_before_the_queued_prefetch() ->
     let out = ctr_run(&ctd, "b", "weenv", &image, "small", &["sh", "-c", &script])?;
     ensure!(out.contains("read"), "{out}");
 
-    // 4. The order at the proxy.
-    let blob_gets: Vec<_> = shaped
-        .stats()
-        .requests()
-        .into_iter()
-        .filter(|r| r.method == "GET" && r.path.contains("/blobs/"))
-        .filter_map(|r| Some((span(r.range.as_deref()?)?, r)))
-        .collect();
+    // 4. The order at the proxy. The prefetch's requests that were in flight when the read
+    //    came share the link with it and may still be running when the container exits; the
+    //    next prefetch request starts only when they end. Wait (up to the prefetch's own
+    //    duration) until a request starts after the read, then judge the order.
+    let blob_gets = |stats: &weenv_integration::registry::ProxyStats| -> Vec<_> {
+        stats
+            .requests()
+            .into_iter()
+            .filter(|r| r.method == "GET" && r.path.contains("/blobs/"))
+            .filter_map(|r| Some((span(r.range.as_deref()?)?, r)))
+            .collect()
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(40);
+    let blob_gets = loop {
+        let gets = blob_gets(&shaped.stats());
+        let read_end = gets
+            .iter()
+            .rev()
+            .find(|((a, b), _)| *a <= frame_off && frame_off < *b)
+            .map(|(_, r)| r.end_us);
+        let later = read_end.is_some_and(|e| e > 0 && gets.iter().any(|(_, r)| r.start_us >= e));
+        if later || std::time::Instant::now() > deadline {
+            break gets;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    };
     let Some((_, read)) = blob_gets
         .iter()
         .rev()
