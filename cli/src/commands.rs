@@ -2,9 +2,11 @@
 //! [`crate::pull`], [`crate::run`] and the daemon's endpoint client
 //! (`weenv_snapshotter_api::client`).
 
+use crate::progress;
 use crate::pull::{pull, PullOptions};
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use weenv_snapshotter_api::client as endpoint_client;
 use weenv_snapshotter_api::config::{parse_listen, Config, ListenAddr, DEFAULT_CONFIG_PATH};
@@ -200,7 +202,19 @@ pub async fn run(cli: Cli) -> Result<()> {
                     .transpose()?,
                 image_name: name,
             };
-            let rep = pull(&registry, ch, &reference, &opts).await?;
+            // Per-layer lines and a summary on stderr only on a terminal.
+            let tty = std::io::stderr().is_terminal();
+            let show = |ev: &progress::LayerEvent| {
+                if let Some(l) = progress::layer_line(ev, tty) {
+                    eprintln!("{l}");
+                }
+            };
+            let rep = pull(&registry, ch, &reference, &opts, &show)
+                .await
+                .with_context(|| format!("pulling {reference}"))?;
+            if let Some(l) = progress::summary_line(&rep.image, &rep.tally, rep.seconds, tty) {
+                eprintln!("{l}");
+            }
             println!(
                 "{}: manifest {} ({} lazy, {} applied, {} present layers) in {:.2}s",
                 rep.image,

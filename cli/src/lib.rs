@@ -8,6 +8,7 @@
 //! - [`pull`]: `weenv pull`: manifest and config into containerd's content store, every layer
 //!   prepared through containerd with the remote-snapshot labels (a weenv layer becomes a lazy
 //!   remote snapshot, any other layer is fetched and applied).
+//! - [`progress`]: what `weenv pull` prints per layer on a terminal (nothing in a pipe).
 //! - [`run`]: `weenv run PLAN`: compose the plan's image on the node (content store + image
 //!   record, no registry write), prepare its layers lazily, apply the at-init mutation into the
 //!   container's rootfs, run the task — all
@@ -17,5 +18,6 @@
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod commands;
+pub mod progress;
 pub mod pull;
 pub mod run;

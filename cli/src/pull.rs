@@ -9,6 +9,7 @@
 //! (`gc.ref.snapshot.<snapshotter>` on the config, `gc.ref.content.*` on manifest/index) and
 //! the image record (create, or update if it exists).
 
+use crate::progress::{LayerEvent, Outcome, Tally};
 use bytes::Bytes;
 use containerd_client::services::v1::content_client::ContentClient;
 use containerd_client::services::v1::diff_client::DiffClient;
@@ -43,7 +44,7 @@ pub use weenv_snapshotter_api::labels::{
 pub enum PullError {
     #[error(transparent)]
     Registry(#[from] weenv_registry::RegistryError),
-    #[error("containerd {op}: {status}")]
+    #[error("containerd {op}: {status}{}", containerd_hint(status))]
     Containerd {
         op: &'static str,
         status: tonic::Status,
@@ -63,12 +64,34 @@ pub enum PullError {
         available: String,
     },
     /// What containerd's own unpacker says ("wrong diff id calculated on extraction").
-    #[error("layer {layer}: wrong diff_id calculated on extraction: the image config claims {claimed}, the layer is {actual}")]
+    #[error("layer {layer}: wrong diff_id calculated on extraction: the image config claims {claimed}, the layer is {actual} (hint: the image's config does not match its layers; rebuild or re-push the image)")]
     WrongDiffId {
         layer: String,
         claimed: String,
         actual: String,
     },
+    /// A layer failed: which one, of which image (the cause follows).
+    #[error("layer {index}/{total} {digest} of {image}")]
+    Layer {
+        index: usize,
+        total: usize,
+        digest: String,
+        image: String,
+        #[source]
+        source: Box<PullError>,
+    },
+}
+
+/// What to do about a containerd error, by its code (empty when there is nothing to add).
+fn containerd_hint(status: &tonic::Status) -> &'static str {
+    let m = status.message();
+    match status.code() {
+        Code::Unavailable => " (hint: check that containerd runs at --address and that the weenv-snapshotter daemon runs on the socket of containerd's proxy_plugins entry)",
+        _ if m.contains("snapshotter not loaded") => " (hint: add the weenv snapshotter to containerd's config as a proxy_plugins entry and restart containerd, or pass --snapshotter with a loaded one)",
+        Code::PermissionDenied | Code::Unauthenticated => " (hint: run weenv as a user that may use containerd's socket, e.g. root)",
+        Code::DeadlineExceeded => " (hint: containerd or the snapshotter did not answer in time; check their logs and retry)",
+        _ => "",
+    }
 }
 
 /// Retries (250 ms apart) of a Prepare that containerd answers `Unavailable`: ~10 s, the
@@ -118,6 +141,8 @@ pub struct PullReport {
     pub applied_layers: usize,
     /// Layers already present.
     pub present_layers: usize,
+    /// Layers and bytes (compressed) by outcome.
+    pub tally: Tally,
     pub seconds: f64,
 }
 
@@ -388,12 +413,13 @@ pub async fn pull(
     channel: Channel,
     reference: &str,
     opts: &PullOptions,
+    progress: &(dyn Fn(&LayerEvent) + Sync),
 ) -> Result<PullReport, PullError> {
     let started = Instant::now();
     let r: Reference = reference.parse()?;
     let mut c = Ctd::new(channel, &opts.namespace);
     c.begin_lease(format!("weenv-pull-{}", unique())).await?;
-    let res = pull_leased(registry, &c, &r, opts).await;
+    let res = pull_leased(registry, &c, &r, opts, progress).await;
     let del = c.end_lease().await;
     let mut report = res?;
     del?;
@@ -406,6 +432,7 @@ async fn pull_leased(
     c: &Ctd,
     r: &Reference,
     opts: &PullOptions,
+    progress: &(dyn Fn(&LayerEvent) + Sync),
 ) -> Result<PullReport, PullError> {
     let top = registry.get_manifest(r).await?;
     let want = opts.platform.clone().unwrap_or_else(host_platform);
@@ -469,6 +496,7 @@ async fn pull_leased(
         diff_ids,
         &sources,
         &opts.snapshotter,
+        progress,
     )
     .await?;
     report.manifest = mblob.digest.to_string();
@@ -525,6 +553,7 @@ pub(crate) async fn prepare_layers(
     diff_ids: &[String],
     sources: &[LayerSource],
     snapshotter: &str,
+    progress: &(dyn Fn(&LayerEvent) + Sync),
 ) -> Result<PullReport, PullError> {
     if diff_ids.len() != manifest.layers.len() || sources.len() != manifest.layers.len() {
         return Err(PullError::Config {
@@ -546,82 +575,130 @@ pub(crate) async fn prepare_layers(
     let mut report = PullReport::default();
     let snaps = SnapshotsClient::new(c.ch.clone());
     let mut parent = String::new();
+    let total = manifest.layers.len();
     for (i, layer) in manifest.layers.iter().enumerate() {
         let chain = &chains[i];
         let src = &sources[i];
-        let exists = snaps
-            .clone()
-            .stat(c.req(StatSnapshotRequest {
-                snapshotter: snapshotter.to_string(),
-                key: chain.clone(),
-            }))
-            .await;
-        match exists {
-            Ok(_) => {
-                report.present_layers += 1;
-                parent = chain.clone();
-                continue;
-            }
-            Err(s) if s.code() == Code::NotFound => {}
-            Err(s) => return Err(ctd("snapshot stat")(s)),
-        }
-        let key = format!("extract-weenv-{}-{} {chain}", unique(), i);
-        let labels = layer_labels(
+        let outcome = prepare_layer(
+            registry,
+            c,
+            &snaps,
+            snapshotter,
+            (i, layer),
             chain,
-            &src.reference.to_string(),
-            layer.digest.as_str(),
-            &src.manifest,
+            &parent,
+            src,
+            &diff_ids[i],
             &layer_digests,
-        );
-        match c.prepare(snapshotter, &key, &parent, labels).await {
-            Err(s) if s.code() == Code::AlreadyExists => {
-                debug!(layer = %layer.digest, chain, "remote snapshot");
-                report.remote_layers += 1;
-            }
-            Err(s) => return Err(ctd("snapshot prepare")(s)),
-            Ok(mounts) => {
-                let applied = apply_layer(registry, c, &src.reference, layer, mounts)
-                    .await
-                    .and_then(|actual| check_diff_id(layer.digest.as_str(), &diff_ids[i], actual));
-                // A concurrent pull or run committed the same chain first (containerd's
-                // unpacker treats this as success too): ours is dropped, theirs is the layer.
-                let done = match applied {
-                    Ok(()) => match snaps
-                        .clone()
-                        .commit(c.req(CommitSnapshotRequest {
-                            snapshotter: snapshotter.to_string(),
-                            name: chain.clone(),
-                            key: key.clone(),
-                            labels: HashMap::new(),
-                        }))
-                        .await
-                    {
-                        Ok(_) => Ok(true),
-                        Err(s) if s.code() == Code::AlreadyExists => Ok(false),
-                        Err(s) => Err(ctd("snapshot commit")(s)),
-                    },
-                    Err(e) => Err(e),
-                };
-                if !matches!(done, Ok(true)) {
-                    let _ = snaps
-                        .clone()
-                        .remove(c.req(RemoveSnapshotRequest {
-                            snapshotter: snapshotter.to_string(),
-                            key,
-                        }))
-                        .await;
-                }
-                match done {
-                    Ok(true) => report.applied_layers += 1,
-                    Ok(false) => report.present_layers += 1,
-                    Err(e) => return Err(e),
-                }
-            }
+        )
+        .await
+        .map_err(|e| PullError::Layer {
+            index: i + 1,
+            total,
+            digest: layer.digest.to_string(),
+            image: src.reference.to_string(),
+            source: Box::new(e),
+        })?;
+        let ev = LayerEvent {
+            index: i + 1,
+            total,
+            digest: layer.digest.to_string(),
+            size: layer.size,
+            outcome,
+        };
+        match outcome {
+            Outcome::Lazy => report.remote_layers += 1,
+            Outcome::Applied => report.applied_layers += 1,
+            Outcome::Present => report.present_layers += 1,
         }
+        report.tally.add(&ev);
+        progress(&ev);
         parent = chain.clone();
     }
     report.top_chain_id = parent;
     Ok(report)
+}
+
+/// One layer (index `i`) on `parent`: kept if its chain is there, else a remote snapshot
+/// (the snapshotter answers AlreadyExists to the labelled Prepare) or fetched and applied.
+#[allow(clippy::too_many_arguments)]
+async fn prepare_layer(
+    registry: &Client,
+    c: &Ctd,
+    snaps: &SnapshotsClient<Channel>,
+    snapshotter: &str,
+    (i, layer): (usize, &weenv_registry::Descriptor),
+    chain: &str,
+    parent: &str,
+    src: &LayerSource,
+    diff_id: &str,
+    layer_digests: &[String],
+) -> Result<Outcome, PullError> {
+    let exists = snaps
+        .clone()
+        .stat(c.req(StatSnapshotRequest {
+            snapshotter: snapshotter.to_string(),
+            key: chain.to_string(),
+        }))
+        .await;
+    match exists {
+        Ok(_) => return Ok(Outcome::Present),
+        Err(s) if s.code() == Code::NotFound => {}
+        Err(s) => return Err(ctd("snapshot stat")(s)),
+    }
+    let key = format!("extract-weenv-{}-{} {chain}", unique(), i);
+    let labels = layer_labels(
+        chain,
+        &src.reference.to_string(),
+        layer.digest.as_str(),
+        &src.manifest,
+        layer_digests,
+    );
+    match c.prepare(snapshotter, &key, parent, labels).await {
+        Err(s) if s.code() == Code::AlreadyExists => {
+            debug!(layer = %layer.digest, chain, "remote snapshot");
+            Ok(Outcome::Lazy)
+        }
+        Err(s) => Err(ctd("snapshot prepare")(s)),
+        Ok(mounts) => {
+            let applied = apply_layer(registry, c, &src.reference, layer, mounts)
+                .await
+                .and_then(|actual| check_diff_id(layer.digest.as_str(), diff_id, actual));
+            // A concurrent pull or run committed the same chain first (containerd's
+            // unpacker treats this as success too): ours is dropped, theirs is the layer.
+            let done = match applied {
+                Ok(()) => match snaps
+                    .clone()
+                    .commit(c.req(CommitSnapshotRequest {
+                        snapshotter: snapshotter.to_string(),
+                        name: chain.to_string(),
+                        key: key.clone(),
+                        labels: HashMap::new(),
+                    }))
+                    .await
+                {
+                    Ok(_) => Ok(true),
+                    Err(s) if s.code() == Code::AlreadyExists => Ok(false),
+                    Err(s) => Err(ctd("snapshot commit")(s)),
+                },
+                Err(e) => Err(e),
+            };
+            if !matches!(done, Ok(true)) {
+                let _ = snaps
+                    .clone()
+                    .remove(c.req(RemoveSnapshotRequest {
+                        snapshotter: snapshotter.to_string(),
+                        key,
+                    }))
+                    .await;
+            }
+            match done {
+                Ok(true) => Ok(Outcome::Applied),
+                Ok(false) => Ok(Outcome::Present),
+                Err(e) => Err(e),
+            }
+        }
+    }
 }
 
 /// GC reference config -> the image's top snapshot (`gc.ref.snapshot.<snapshotter>`).
@@ -784,6 +861,29 @@ mod tests {
             ..cfg("linux", "amd64")
         };
         check_config_platform(&none, "r", &"linux/s390x".parse().unwrap()).unwrap();
+    }
+
+    /// A failed layer names its index, digest and image, then the cause with what to do.
+    #[test]
+    fn a_layer_error_names_the_image_the_layer_and_what_to_do() {
+        let e = PullError::Layer {
+            index: 2,
+            total: 3,
+            digest: "sha256:abc".into(),
+            image: "r:5000/x/y:1".into(),
+            source: Box::new(ctd("snapshot prepare")(tonic::Status::unknown(
+                "snapshotter not loaded: weenv: invalid argument",
+            ))),
+        };
+        let e = anyhow::Error::new(e).context("pulling r:5000/x/y:1");
+        let m = weenv_registry::causes(e.as_ref());
+        assert!(m.contains("layer 2/3 sha256:abc of r:5000/x/y:1"), "{m}");
+        assert!(m.contains("containerd snapshot prepare"), "{m}");
+        assert!(m.contains("proxy_plugins"), "{m}");
+        let u = ctd("lease create")(tonic::Status::unavailable("connection refused")).to_string();
+        assert!(u.contains("hint: check that containerd runs"), "{u}");
+        let n = ctd("snapshot stat")(tonic::Status::not_found("x")).to_string();
+        assert!(!n.contains("hint"), "{n}");
     }
 
     /// `weenv pull` against a registry that does not answer says the cause once (reqwest

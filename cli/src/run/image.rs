@@ -106,6 +106,7 @@ async fn store_leased(
         &composed.config.rootfs.diff_ids,
         &sources,
         snapshotter,
+        &|_| {},
     )
     .await?;
     label_config_snapshot(c, m, snapshotter, &layers.top_chain_id).await?;
