@@ -79,15 +79,21 @@ impl Lifecycle {
             .map_err(ctd("snapshot prepare"))
     }
 
+    /// Remove snapshot `key`. Already gone counts as removed: once the container record is
+    /// deleted nothing references the snapshot, and containerd's garbage collector may remove
+    /// it before this call does.
     pub async fn remove_snapshot(&self, snapshotter: &str, key: &str) -> Result<(), PullError> {
-        SnapshotsClient::new(self.c.ch.clone())
+        match SnapshotsClient::new(self.c.ch.clone())
             .remove(self.c.req(RemoveSnapshotRequest {
                 snapshotter: snapshotter.to_string(),
                 key: key.to_string(),
             }))
             .await
-            .map_err(ctd("snapshot remove"))?;
-        Ok(())
+        {
+            Ok(_) => Ok(()),
+            Err(s) if s.code() == tonic::Code::NotFound => Ok(()),
+            Err(s) => Err(ctd("snapshot remove")(s)),
+        }
     }
 
     pub async fn create_container(&self, r: &ContainerRecord) -> Result<(), PullError> {
