@@ -1,6 +1,7 @@
 //! The peer tier in one process: reader frame stores with a [`PeerClient`], an owner with a
 //! [`PeerServer`] fetching from a minimal registry (ranged blob GETs), and misbehaving peers:
 //! a corrupting one, a dead one, a silent one.
+#![cfg(test)] // test-only module: the whole file compiles only under `cargo test`
 
 use super::*;
 use crate::cache::{DiskCache, MemoryCache};
