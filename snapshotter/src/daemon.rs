@@ -19,7 +19,7 @@ use crate::service::SnapshotService;
 use crate::store::MetaStore;
 use std::sync::Arc;
 use thiserror::Error;
-use tracing::{error, info};
+use tracing::{error, info, warn};
 
 /// Startup/runtime failures of the daemon (exit code 1 in main).
 #[derive(Debug, Error)]
@@ -226,12 +226,18 @@ pub async fn run(cfg: Config) -> Result<(), DaemonError> {
     }
 
     info!(socket = %cfg.socket.display(), "serving containerd Snapshots API");
-    let (tx, rx) = tokio::sync::oneshot::channel();
+    let (tx, rx) = tokio::sync::watch::channel(None);
     let signal = async move {
-        let _ = tx.send(shutdown_signal().await);
+        let _ = tx.send(Some(shutdown_signal().await));
     };
-    let res = crate::grpc::serve(svc, &cfg.socket, signal).await;
-    let hand_over = matches!(rx.await, Ok(Stop::Term)) && layers.can_hand_over();
+    let res = bounded_drain(
+        crate::grpc::serve(svc, &cfg.socket, signal),
+        rx.clone(),
+        SHUTDOWN_GRACE,
+    )
+    .await;
+    let stop = *rx.borrow();
+    let hand_over = matches!(stop, Some(Stop::Term)) && layers.can_hand_over();
     if hand_over {
         info!("shutting down: the keeper keeps the FUSE session for the next daemon");
         layers.hand_over();
@@ -241,6 +247,38 @@ pub async fn run(cfg: Config) -> Result<(), DaemonError> {
     }
     res?;
     Ok(())
+}
+
+/// How long a stopping daemon waits for in-flight Snapshots API requests (a Prepare blocked on a
+/// slow registry, a client that keeps its connection open) before it stops without them.
+const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Runs `serve` (which starts draining when a stop is sent on `stop`) to its end, or until
+/// `grace` after the stop, whichever comes first: a request stuck in a drain (a Prepare blocked on
+/// a slow registry) must not keep the daemon from stopping.
+async fn bounded_drain<E>(
+    serve: impl std::future::Future<Output = Result<(), E>>,
+    mut stop: tokio::sync::watch::Receiver<Option<Stop>>,
+    grace: std::time::Duration,
+) -> Result<(), E> {
+    let deadline = async move {
+        while stop.borrow_and_update().is_none() {
+            if stop.changed().await.is_err() && stop.borrow().is_none() {
+                return std::future::pending().await;
+            }
+        }
+        tokio::time::sleep(grace).await;
+    };
+    tokio::select! {
+        res = serve => res,
+        () = deadline => {
+            warn!(
+                grace_secs = grace.as_secs(),
+                "in-flight Snapshots API requests did not finish in time; stopping without them"
+            );
+            Ok(())
+        }
+    }
 }
 
 /// How the daemon was asked to stop.
@@ -270,6 +308,29 @@ async fn shutdown_signal() -> Stop {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stuck_drain_ends_at_the_grace_after_a_stop() {
+        let (tx, rx) = tokio::sync::watch::channel(None);
+        let stuck = std::future::pending::<Result<(), ()>>();
+        let run = tokio::spawn(bounded_drain(stuck, rx, Duration::from_secs(10)));
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        assert!(!run.is_finished(), "no stop yet: the server keeps running");
+        tx.send(Some(Stop::Term)).unwrap();
+        tokio::time::sleep(Duration::from_secs(9)).await;
+        assert!(!run.is_finished(), "still inside the grace");
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(run.await.unwrap(), Ok(()));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_server_that_ends_first_returns_its_own_result() {
+        let (_tx, rx) = tokio::sync::watch::channel(None);
+        let failing = async { Err::<(), _>("bind failed") };
+        let r = bounded_drain(failing, rx, Duration::from_secs(10)).await;
+        assert_eq!(r, Err("bind failed"));
+    }
 
     #[tokio::test]
     async fn a_taken_status_port_stops_the_daemon_at_start() {
