@@ -4,82 +4,15 @@
 //! privileged, `/dev/fuse`, the state dir with Bidirectional propagation, hostPaths for the
 //! weenv and containerd socket dirs, liveness/readiness probes on `/status` at
 //! `[observability] listen`, resource requests, RollingUpdate, the keeper socket shared with the
-//! weenv-fuse-keeper DaemonSet, and the RuntimeClass handler containerd knows.
+//! weenv-fuse-keeper DaemonSet, the RuntimeClass handler containerd knows, and the image both
+//! DaemonSets run is the one `scripts/build-image.sh` builds (`k8s_image` runs that image).
 
+mod k8s_common;
+
+use k8s_common::*;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use weenv_snapshotter::config::{Config, ListenAddr};
-
-fn repo_file(rel: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(rel)
-}
-
-fn read(rel: &str) -> String {
-    let path = repo_file(rel);
-    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
-}
-
-/// Every document of a multi-document YAML file (split at `---` lines), as JSON values.
-fn documents(rel: &str) -> Vec<Value> {
-    let text = read(rel);
-    let mut docs = Vec::new();
-    let mut current = String::new();
-    for line in text.lines().chain(std::iter::once("---")) {
-        if line.trim_end() == "---" {
-            let doc: Value = serde_yaml_ng::from_str(&current).unwrap_or_else(|e| {
-                panic!("{rel}: document {} is not valid YAML: {e}", docs.len() + 1)
-            });
-            if !doc.is_null() {
-                assert!(
-                    doc.is_object(),
-                    "{rel}: document {} is not a mapping",
-                    docs.len() + 1
-                );
-                docs.push(doc);
-            }
-            current.clear();
-        } else {
-            current.push_str(line);
-            current.push('\n');
-        }
-    }
-    assert!(!docs.is_empty(), "{rel}: no YAML document");
-    for (i, d) in docs.iter().enumerate() {
-        for key in ["/apiVersion", "/kind", "/metadata/name"] {
-            assert!(
-                d.pointer(key).and_then(Value::as_str).is_some(),
-                "{rel}: document {} has no {key}",
-                i + 1
-            );
-        }
-    }
-    docs
-}
-
-fn str_at<'a>(v: &'a Value, ptr: &str, what: &str) -> &'a str {
-    v.pointer(ptr)
-        .and_then(Value::as_str)
-        .unwrap_or_else(|| panic!("{what}: {ptr} missing or not a string"))
-}
-
-fn array_at<'a>(v: &'a Value, ptr: &str, what: &str) -> &'a Vec<Value> {
-    v.pointer(ptr)
-        .and_then(Value::as_array)
-        .unwrap_or_else(|| panic!("{what}: {ptr} missing or not a list"))
-}
-
-fn find<'a>(docs: &'a [Value], kind: &str, name: &str, file: &str) -> &'a Value {
-    docs.iter()
-        .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
-        .unwrap_or_else(|| panic!("{file}: no {kind} named {name}"))
-}
-
-/// The one container of a DaemonSet's pod template.
-fn only_container<'a>(ds: &'a Value, what: &str) -> &'a Value {
-    let containers = array_at(ds, "/spec/template/spec/containers", what);
-    assert_eq!(containers.len(), 1, "{what}: expected one container");
-    &containers[0]
-}
 
 /// The hostPath behind the volume mounted at `mount_path` (or at a parent of it) in
 /// `container`, with that volumeMount.
@@ -168,43 +101,11 @@ fn toml_string(rel: &str, section: &str, key: &str) -> Option<String> {
     None
 }
 
-const SNAPSHOTTER: &str = "config/k8s/weenv-snapshotter-daemonset.yaml";
-const KEEPER: &str = "config/k8s/weenv-fuse-keeper-daemonset.yaml";
-const RUNTIMECLASS: &str = "config/k8s/runtimeclass-weenv.yaml";
-
 /// The daemon's config as the DaemonSet gives it (ConfigMap key mounted at `--config`).
 fn daemon_config(docs: &[Value], ds: &Value, container: &Value) -> Config {
-    let what = "weenv-snapshotter container";
-    let args: Vec<&str> = array_at(container, "/args", what)
-        .iter()
-        .map(|a| a.as_str().expect("args are strings"))
-        .collect();
-    let at = args
-        .iter()
-        .position(|a| *a == "--config")
-        .unwrap_or_else(|| panic!("{what}: no --config argument"));
-    let path = Path::new(args.get(at + 1).expect("--config has a value"));
-    let mount = array_at(container, "/volumeMounts", what)
-        .iter()
-        .find(|m| path.parent() == Some(Path::new(str_at(m, "/mountPath", what))))
-        .unwrap_or_else(|| {
-            panic!(
-                "{what}: no volumeMount at the dir of --config {}",
-                path.display()
-            )
-        });
-    let volume = array_at(ds, "/spec/template/spec/volumes", what)
-        .iter()
-        .find(|v| v["name"] == mount["name"])
-        .expect("config volume");
-    let cm_name = str_at(volume, "/configMap/name", "config volume");
-    let cm = find(docs, "ConfigMap", cm_name, SNAPSHOTTER);
-    let key = path
-        .file_name()
-        .and_then(|n| n.to_str())
-        .expect("--config names a file");
-    let text = str_at(cm, &format!("/data/{key}"), "ConfigMap");
-    Config::from_toml(text, path).unwrap_or_else(|e| panic!("ConfigMap {cm_name} {key}: {e}"))
+    let (path, text) = config_file(docs, ds, container, SNAPSHOTTER);
+    Config::from_toml(&text, &path)
+        .unwrap_or_else(|e| panic!("{SNAPSHOTTER}: ConfigMap text of {}: {e}", path.display()))
 }
 
 #[test]
@@ -342,12 +243,6 @@ fn snapshotter_daemonset() {
     assert_requests(c, what);
 }
 
-fn find_kind<'a>(docs: &'a [Value], kind: &str) -> &'a Value {
-    docs.iter()
-        .find(|d| d["kind"] == kind)
-        .unwrap_or_else(|| panic!("no {kind}"))
-}
-
 #[test]
 fn keeper_shares_the_socket_dir() {
     let sdocs = documents(SNAPSHOTTER);
@@ -412,6 +307,35 @@ fn keeper_shares_the_socket_dir() {
         "{what}: deleting a keeper ends the session it holds: updateStrategy must be OnDelete"
     );
     assert_requests(kc, what);
+}
+
+/// Both DaemonSets run the image `scripts/build-image.sh` builds by default (its name and the
+/// workspace version as tag).
+#[test]
+fn daemonsets_run_the_image_the_script_builds() {
+    let out = std::process::Command::new("bash")
+        .arg(repo_file("scripts/build-image.sh"))
+        .arg("--print-ref")
+        .output()
+        .expect("run scripts/build-image.sh --print-ref");
+    assert!(
+        out.status.success(),
+        "scripts/build-image.sh --print-ref failed: {out:?}"
+    );
+    let built = String::from_utf8(out.stdout).expect("UTF-8");
+    let built = built.trim();
+    for (file, name) in [
+        (SNAPSHOTTER, "weenv-snapshotter"),
+        (KEEPER, "weenv-fuse-keeper"),
+    ] {
+        let docs = documents(file);
+        let c = only_container(find(&docs, "DaemonSet", name, file), file);
+        assert_eq!(
+            str_at(c, "/image", file),
+            built,
+            "{file}: the DaemonSet's image is not what scripts/build-image.sh builds"
+        );
+    }
 }
 
 #[test]
