@@ -1,7 +1,8 @@
 //! A private containerd for end-to-end tests.
 //!
 //! [`Containerd::start`] writes a config under a fresh temp dir (own root, state, gRPC and
-//! ttrpc sockets; CRI disabled; optionally the weenv proxy snapshotter), starts `containerd`
+//! ttrpc sockets; CRI disabled unless [`ContainerdOptions::cri`] asks for it, see
+//! [`crate::cri`]; optionally the weenv proxy snapshotter), starts `containerd`
 //! with `PATH` prefixed by the directory holding `containerd-shim-weenv-v1`, and waits until
 //! it answers. [`Containerd::ctr`] runs `ctr -a <sock> -n <namespace> ...`.
 //!
@@ -47,6 +48,9 @@ pub struct ContainerdOptions {
     pub namespace: String,
     /// Extra TOML appended verbatim to the generated config.
     pub extra_config: String,
+    /// Run containerd's CRI plugin with these settings ([`crate::cri::CriOptions`]).
+    /// Default `None`: the CRI plugin is disabled.
+    pub cri: Option<crate::cri::CriOptions>,
     /// How long to wait for the gRPC socket to answer. Default 30 s.
     pub start_timeout: Duration,
     /// Run containerd (and so its shims) in this named network namespace
@@ -69,6 +73,7 @@ impl Default for ContainerdOptions {
             shim_dir: None,
             namespace: unique_namespace(),
             extra_config: String::new(),
+            cri: None,
             start_timeout: Duration::from_secs(30),
             netns: None,
         }
@@ -107,9 +112,14 @@ impl Containerd {
         fs::create_dir_all(&root)?;
         fs::create_dir_all(&state)?;
         let socket = base.join("containerd.sock");
+        let disabled = if opts.cri.is_some() {
+            ""
+        } else {
+            "\"io.containerd.grpc.v1.cri\""
+        };
         let mut cfg = format!(
             "version = 2\nroot = {root:?}\nstate = {state:?}\n\
-             disabled_plugins = [\"io.containerd.grpc.v1.cri\"]\n\
+             disabled_plugins = [{disabled}]\n\
              [grpc]\n  address = {sock:?}\n[ttrpc]\n  address = {ttrpc:?}\n",
             root = root.display().to_string(),
             state = state.display().to_string(),
@@ -121,6 +131,9 @@ impl Containerd {
                 "[proxy_plugins]\n  [proxy_plugins.weenv]\n    type = \"snapshot\"\n    address = {:?}\n",
                 snap.display().to_string()
             ));
+        }
+        if let Some(cri) = &opts.cri {
+            cfg.push_str(&cri.config_toml(base)?);
         }
         cfg.push_str(&opts.extra_config);
         let cfg_path = base.join("config.toml");

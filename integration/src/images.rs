@@ -1,6 +1,7 @@
 //! Test images built offline from what the machine has, cached across runs.
 //!
 //! - [`busybox`]: busybox-static in a one-layer OCI image, built with `umoci` (a few seconds).
+//! - [`pause`]: a pod sandbox image for CRI (busybox-static as `/bin/sleep`).
 //! - [`python`]: a Debian bookworm rootfs with python3, built with
 //!   `debootstrap --variant=minbase --include=python3` from the machine's configured apt mirror
 //!   (read at run time from `/etc/apt/sources.list{,.d/*}`; this repository names no package
@@ -113,6 +114,39 @@ pub fn busybox_data(files: usize, file_kib: usize) -> Result<OciImage> {
     )
 }
 
+/// A pod sandbox ("pause") image for CRI tests, built locally: busybox-static as `/bin/sleep`
+/// and nothing else, entrypoint `/bin/sleep 2147483647` (containerd's CRI plugin stops a
+/// sandbox with SIGKILL, so no signal handling is needed). One gzip layer. Tag `pause`.
+pub fn pause() -> Result<OciImage> {
+    cached("pause", "pause", |dir| {
+        let layout = dir.join("oci");
+        let bundle = dir.join("bundle");
+        let img = umoci_new(&layout, "pause")?;
+        run(Command::new("umoci")
+            .args(["unpack", "--image", &img])
+            .arg(&bundle))?;
+        let bin = bundle.join("rootfs/bin");
+        fs::create_dir_all(&bin)?;
+        let src = host_busybox()?;
+        // busybox runs the applet named by argv[0]: a copy named `sleep` is `sleep`.
+        fs::copy(src, bin.join("sleep")).context("copying busybox")?;
+        run(Command::new("umoci")
+            .args(["repack", "--image", &img])
+            .arg(&bundle))?;
+        run(Command::new("umoci").args([
+            "config",
+            "--image",
+            &img,
+            "--config.entrypoint",
+            "/bin/sleep",
+            "--config.cmd",
+            "2147483647",
+        ]))?;
+        fs::remove_dir_all(&bundle).with_context(|| format!("removing {}", bundle.display()))?;
+        Ok(layout)
+    })
+}
+
 /// `umoci init` of the OCI layout `layout` and `umoci new` of the empty image `tag` in it;
 /// returns the `LAYOUT:TAG` image reference umoci takes.
 pub(crate) fn umoci_new(layout: &Path, tag: &str) -> Result<String> {
@@ -142,16 +176,21 @@ pub(crate) fn umoci_repack_sh(img: &str, bundle: &Path, path_env: &str) -> Resul
     ]))
 }
 
+/// The host's static busybox binary.
+fn host_busybox() -> Result<&'static str> {
+    ["/bin/busybox", "/usr/bin/busybox"]
+        .into_iter()
+        .find(|p| Path::new(p).exists())
+        .context("busybox not found: install busybox-static (scripts/deps.sh)")
+}
+
 /// Copies the host's static busybox into `rootfs` with the applets tests use.
 fn populate_busybox(rootfs: &Path) -> Result<()> {
     let bin = rootfs.join("bin");
     fs::create_dir_all(&bin)?;
     fs::create_dir_all(rootfs.join("etc"))?;
     fs::create_dir_all(rootfs.join("tmp"))?;
-    let src = ["/bin/busybox", "/usr/bin/busybox"]
-        .into_iter()
-        .find(|p| Path::new(p).exists())
-        .context("busybox not found: install busybox-static (scripts/deps.sh)")?;
+    let src = host_busybox()?;
     fs::copy(src, bin.join("busybox")).context("copying busybox")?;
     for applet in [
         "sh",

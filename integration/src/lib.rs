@@ -5,6 +5,7 @@
 //! - [`registry`]: a private `docker-registry` (and a counting proxy).
 //! - [`images`]: test images built offline (busybox-static, Debian via debootstrap).
 //! - [`containerd`]: a private containerd with the weenv proxy snapshotter and shim.
+//! - [`cri`]: containerd's CRI plugin settings and a CRI client (the kubelet's calls).
 //! - [`cluster`]: K nodes in network namespaces (own containerd + snapshotter each) and a
 //!   registry behind an HTB-shaped link, for the peer cache.
 //! - [`stockrun`]: containerd's Go client making nerdctl's calls (built from `go/stockrun`).
@@ -13,6 +14,7 @@
 
 pub mod cluster;
 pub mod containerd;
+pub mod cri;
 pub mod images;
 pub mod registry;
 pub mod stockrun;
