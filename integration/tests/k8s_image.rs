@@ -15,11 +15,14 @@
 //!   containerd paths that must resolve on the host;
 //! - the daemon serves the probes' `/status`; its FUSE mount shows on the host (Bidirectional);
 //!   the host's containerd lists, creates and mounts snapshots through its socket (busybox
-//!   imported and run with `--snapshotter weenv`); it hands its FUSE session to the keeper's
+//!   imported and run with `--snapshotter weenv`); a weenv image pulled with `weenv pull` on the
+//!   node (registry from a `hosts.toml` in the certs.d hostPath) runs lazily, reading through
+//!   the FUSE mount made in the daemon's container; it hands its FUSE session to the keeper's
 //!   container on SIGTERM;
 //! - teardown leaves no task, mount or process.
 
 mod k8s_common;
+mod snapshotter_common;
 
 use anyhow::{bail, ensure, Context, Result};
 use k8s_common::*;
@@ -29,7 +32,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use weenv_integration::containerd::{unmount_below, Containerd, ContainerdOptions};
-use weenv_integration::util::{free_port, require_root_and_bins, wait_for_unix_socket};
+use weenv_integration::images;
+use weenv_integration::registry::LocalRegistry;
+use weenv_integration::util::{
+    free_port, require_root_and_bins, wait_for_unix_socket, workspace_bin, E2E_FUSE_BINS,
+};
 use weenv_snapshotter::config::Config;
 
 fn run_ok(cmd: &mut Command) -> Result<String> {
@@ -57,7 +64,7 @@ fn build_script() -> Command {
 /// The image built from the workspace's debug `weenv-snapshotter` into `out`: its reference,
 /// its OCI archive and its config (checked).
 fn build_image(out: &Path) -> Result<(String, PathBuf, Value)> {
-    let bin = weenv_integration::util::workspace_bin("weenv-snapshotter")?;
+    let bin = workspace_bin("weenv-snapshotter")?;
     let bin_dir = bin.parent().context("binary dir")?;
     let log = run_ok(
         build_script()
@@ -384,10 +391,22 @@ fn mounts_below(dir: &Path) -> Vec<String> {
 #[test]
 #[ignore = "needs root, containerd, runc, umoci, skopeo and /dev/fuse"]
 fn daemonset_image_runs_on_a_node() -> Result<()> {
-    require_root_and_bins(&["containerd", "ctr", "runc", "umoci", "skopeo", "mount"])?;
+    require_root_and_bins(E2E_FUSE_BINS)?;
+    require_root_and_bins(&["mount", "tar"])?;
     let tmp = tempfile::Builder::new()
         .prefix("weenv-k8s-image-")
         .tempdir()?;
+    // A registry with busybox converted to weenv, for a lazy pull through the daemon's pod.
+    let reg = LocalRegistry::start(&tmp.path().join("registry"))?;
+    let reg_host = reg.host();
+    let gz = format!("{reg_host}/busybox:gz");
+    images::push_oci_layout(&images::busybox()?, &gz)?;
+    let lazy = format!("{reg_host}/busybox:weenv");
+    tokio::runtime::Runtime::new()?.block_on(snapshotter_common::convert(
+        &snapshotter_common::client(std::slice::from_ref(&reg_host))?,
+        &gz,
+        &lazy,
+    ))?;
     let (reference, archive, image_config) = build_image(&tmp.path().join("image"))?;
     let entrypoint: Vec<String> =
         serde_json::from_value(image_config["config"]["Entrypoint"].clone())?;
@@ -431,11 +450,18 @@ fn daemonset_image_runs_on_a_node() -> Result<()> {
     let cm_name = "weenv-snapshotter";
     let cm_dir = node.tmp.path().join("configmap").join(cm_name);
     std::fs::create_dir_all(&cm_dir)?;
-    std::fs::write(
-        cm_dir.join(config_path.file_name().context("config file name")?),
-        &rendered,
-    )?;
+    let cm_config = cm_dir.join(config_path.file_name().context("config file name")?);
+    std::fs::write(&cm_config, &rendered)?;
     let configmaps = vec![(cm_name.to_string(), cm_dir)];
+    // The node's registry settings: a containerd-style hosts.toml in the certs.d hostPath
+    // the daemon reads (`registry.hosts_dir`).
+    let hosts_dir = cfg.registry.hosts_dir.clone();
+    ensure!(hosts_dir.starts_with(&host), "hosts_dir is not on the node");
+    std::fs::create_dir_all(hosts_dir.join(&reg_host))?;
+    std::fs::write(
+        hosts_dir.join(&reg_host).join("hosts.toml"),
+        format!("server = \"http://{reg_host}\"\n"),
+    )?;
     let snap_pod = pod_run(sds, &entrypoint, &map, &configmaps, &node, SNAPSHOTTER)?;
     let keeper_pod = pod_run(kds, &entrypoint, &map, &configmaps, &node, KEEPER)?;
     assert!(snap_pod.privileged && snap_pod.host_network && snap_pod.rshared_root);
@@ -523,8 +549,35 @@ fn daemonset_image_runs_on_a_node() -> Result<()> {
         .ctd()
         .ctr_ok(&["snapshots", "--snapshotter", "weenv", "ls"])?;
     ensure!(snaps.lines().count() > 1, "no weenv snapshots: {snaps}");
-    let (code, _) = http_get(&listen, probe_path)?;
+    // Lazily: `weenv pull` on the node (the CLI with the node's config) commits remote
+    // snapshots; the container reads through the FUSE mount made in the daemon's pod.
+    let ctd_sock = node.ctd().address().display().to_string();
+    let ns = node.ctd().namespace().to_string();
+    run_ok(
+        Command::new(workspace_bin("weenv")?)
+            .arg("--config")
+            .arg(&cm_config)
+            .args(["pull", "-a", &ctd_sock, "-n", &ns, "--plain-http", &lazy]),
+    )
+    .with_context(|| format!("weenv pull; daemon log:\n{}", node.log("snapshotter")))?;
+    let out = node.ctd().ctr_ok(&[
+        "run",
+        "--rm",
+        "--snapshotter",
+        "weenv",
+        &lazy,
+        "k8s-image-lazy",
+        "/bin/sh",
+        "-c",
+        "echo lazy; wc -c < /bin/busybox",
+    ])?;
+    ensure!(out.starts_with("lazy\n"), "lazy container printed {out:?}");
+    let (code, metrics) = http_get(&listen, "/metrics")?;
     assert_eq!(code, 200);
+    assert!(
+        metrics.contains("weenv_remote_prepares_total{outcome=\"remote\"} 1"),
+        "the weenv layer was not served lazily: {metrics}"
+    );
 
     // Rollout-style stop: SIGTERM leaves the session to the keeper container.
     let (by_term, log) = node.stop("snapshotter", grace(sds))?;
