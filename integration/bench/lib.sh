@@ -14,7 +14,8 @@
 #   start_stack DIR FILL / stop_stack DIR
 #                                 a fresh weenv-snapshotter (fill on/off) + containerd with it as
 #                                 proxy plugin `weenv` (sets SNAP_PID, CTD_PID); honours SNAP_LOG,
-#                                 SNAP_FILL_EXTRA, LOGS_DIR, METRICS_DIR
+#                                 SNAP_FILL_EXTRA (lines in [fill]), SNAP_EXTRA (tables appended
+#                                 to the daemon's config), LOGS_DIR, METRICS_DIR
 #   log, now, median, drop_caches, umount_below, rx
 # STORAGE: the registry's filesystem root (default $W/reg/data), e.g. the workload's registry.
 
@@ -137,6 +138,7 @@ enabled = $2
 ${SNAP_FILL_EXTRA:-}
 [observability]
 listen = "unix:$d/status.sock"
+${SNAP_EXTRA:-}
 EOF
     "$BIN/weenv-snapshotter" --config "$d/snap.toml" >"$d/snap.log" 2>&1 &
     SNAP_PID=$!; PIDS+=($SNAP_PID)

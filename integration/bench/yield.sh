@@ -14,15 +14,19 @@
 #     on the image with that profile vs without a profile (fill on). Ratio = without / with
 #     (1.0 = the unrelated profile costs the command nothing).
 #
+#     The two cases alternate their order from run to run; each run's ratio and the load
+#     average are printed as it ends.
+#
 # Medians of $RUNS runs; times are wall clock on the host around `weenv pull` + `ctr run --rm`.
 # Needs root, containerd, ctr, runc, docker-registry, skopeo, ip, tc, bc, fuse3 and (release
 # for the published numbers):
 #   cargo build --release -p weenv-snapshotter -p weenv-cli -p weenv-converter
 #   WEENV_BIN=target/release integration/bench/yield.sh [OCI_LAYOUT:TAG]
-# Env: RUNS (3), RATE (200mbit), LATENCY_MS (5), CMD, BIG.
+# Env: RUNS (3), RATE (200mbit), LATENCY_MS (5), CMD, BIG, PARTS (ab: which parts to run).
 set -euo pipefail
 
 RUNS=${RUNS:-3}
+PARTS=${PARTS:-ab}
 RATE=${RATE:-200mbit}
 LATENCY_MS=${LATENCY_MS:-5}
 CMD=${CMD:-"import asyncio, email.mime.multipart, http.client, json, sqlite3, unittest, xml.dom.minidom"}
@@ -65,6 +69,7 @@ declare -A R
 for i in $(seq "$RUNS"); do
     # (a) warm right after cold vs warm after the fill, yielding on (defaults) and off
     for k in yield noyield; do
+        [[ $PARTS == *a* ]] || break
         if [ $k = noyield ]; then export SNAP_FILL_EXTRA=$'cpu_priority = "normal"\nbusy_ms = 0'; else unset SNAP_FILL_EXTRA; fi
         d="$W/a-$k-$i"; start_stack "$d" true
         t0=$(now); pull "$d" "$REG/bench:weenv"; run "$d" "$REG/bench:weenv" c1 "$CMD"; R[${k}_cold]+="$(since "$t0") "
@@ -75,25 +80,33 @@ for i in $(seq "$RUNS"); do
     done
     unset SNAP_FILL_EXTRA
     # (b) the command on the image without / with the bigger command's profile
-    for k in plain big; do
+    order="plain big"; [ $((i % 2)) = 0 ] && order="big plain"
+    for k in $order; do
+        [[ $PARTS == *b* ]] || break
         img="$REG/bench:weenv"; [ $k = big ] && img="$REG/bench:weenv-big"
         d="$W/b-$k-$i"; start_stack "$d" true
         b0=$(rx); t0=$(now); pull "$d" "$img"; run "$d" "$img" c1 "$CMD"; R[b_$k]+="$(since "$t0") "
         R[b_${k}_bytes]+="$(($(rx) - b0)) "
         stop_stack "$d"
     done
+    if [[ $PARTS == *b* ]]; then
+        p=$(echo "${R[b_plain]}" | awk '{print $NF}'); b=$(echo "${R[b_big]}" | awk '{print $NF}')
+        log "run $i (b): without $p s, with the profile $b s, ratio $(echo "scale=2; $p / $b" | bc); load $(cut -d' ' -f1-3 /proc/loadavg)"
+    fi
     log "run $i done"
 done
 
 m() { echo "${R[$1]}" | tr ' ' '\n' | grep -v '^$' | median; }
 ratio() { echo "scale=2; $1 / $2" | bc; }
 printf '\n%s\n' "median of $RUNS, $RATE +${LATENCY_MS} ms, CMD: python3 -c '$CMD'"
-printf '%-48s %8s %8s %8s %8s\n' "(a) warm right after cold (s)" cold early filled ratio
+[[ $PARTS == *a* ]] && printf '%-48s %8s %8s %8s %8s\n' "(a) warm right after cold (s)" cold early filled ratio
 for k in yield noyield; do
+    [[ $PARTS == *a* ]] || break
     printf '%-48s %8s %8s %8s %8s\n' "  $k $([ $k = yield ] && echo '(defaults)' || echo '(cpu_priority=normal, busy_ms=0)')" \
         "$(m ${k}_cold)" "$(m ${k}_early)" "$(m ${k}_late)" "$(ratio "$(m ${k}_late)" "$(m ${k}_early)")"
 done
-echo "  (ratio = warm after fill / warm right after cold; 1.00 = the running fill costs nothing)"
+[[ $PARTS == *a* ]] && echo "  (ratio = warm after fill / warm right after cold; 1.00 = the running fill costs nothing)"
+[[ $PARTS == *b* ]] || exit 0
 printf '%-48s %8s %8s %8s\n' "(b) pull + command cold (s)" plain big-prof ratio
 printf '%-48s %8s %8s %8s\n' "  image without / with the bigger profile" "$(m b_plain)" "$(m b_big)" "$(ratio "$(m b_plain)" "$(m b_big)")"
 printf '%-48s %8s %8s\n' "  bytes received (MB)" "$(echo "scale=1; $(m b_plain_bytes)/1000000" | bc)" "$(echo "scale=1; $(m b_big_bytes)/1000000" | bc)"

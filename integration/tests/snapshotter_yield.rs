@@ -1,10 +1,13 @@
 //! Background work yields to on-demand reads on the registry link, end to end: an image whose
 //! start-up profile names almost every frame (python reading every file of its standard library), pulled
 //! through a shaped link (a proxy sending every body through one link of a fixed rate, so the
-//! prefetch takes ~30 s), and a command that reads a small file the profile does not name.
-//! The file's read must go before the queued prefetch: while its range request is in flight
+//! prefetch takes ~30 s), and a command that reads a small file the profile does not name, then
+//! a small file the profile names late (its frame sits in a prefetch batch still queued).
+//! The first read must go before the queued prefetch: while its range request is in flight
 //! no prefetch request starts, and prefetch requests are still sent after it (the prefetch had
-//! work queued when the read came). Ordering at the proxy, no wall-clock threshold.
+//! work queued when the read came). The second read takes its frame out of the queued batch:
+//! its request is that frame alone, and the frame the profile names next (same batch) comes
+//! in a later request. Ordering and byte ranges at the proxy, no wall-clock threshold.
 
 mod snapshotter_common;
 
@@ -69,19 +72,65 @@ async fn a_read_the_profile_did_not_predict_goes_before_the_queued_prefetch() ->
         .get_image_manifest(&r, "linux", &arch, None)
         .await?;
     let mut pick = None;
+    let mut inside = None;
     let mut profile_bytes = 0u64;
     for l in &m.layers {
         let blob = py.client.get_blob(&r, &l.digest).await?;
         let toc = weenv_format::reader::LayerReader::open(blob.to_vec(), None)?.into_toc();
-        let wanted: HashSet<FrameIdx> = match l
+        let order: Vec<FrameIdx> = match l
             .annotations
             .get(weenv_format::prefetch::ANNOTATION_PREFETCH)
         {
-            Some(v) => weenv_format::prefetch::decode_frames(v, toc.frames.len())?
-                .into_iter()
-                .collect(),
-            None => HashSet::new(),
+            Some(v) => weenv_format::prefetch::decode_frames(v, toc.frames.len())?,
+            None => Vec::new(),
         };
+        let wanted: HashSet<FrameIdx> = order.iter().copied().collect();
+        // A small python file in one frame of the profile's last third, its tar header in the
+        // same frame, and the frame the profile names next (the rest of its batch); no frame
+        // of the profile's first half within 256 KiB of either (a prefetch request sent before
+        // the read may bridge a hole of up to 256 KiB between its frames).
+        if inside.is_none() && order.len() > 6 {
+            let late = &order[order.len() * 2 / 3..];
+            let early: Vec<(u64, u64)> = order[..order.len() / 2]
+                .iter()
+                .filter_map(|i| toc.frames.get(i.0 as usize))
+                .map(|f| (f.offset, f.offset + f.clen))
+                .collect();
+            let clear = |i: FrameIdx| {
+                let f = &toc.frames[i.0 as usize];
+                let (a, b) = (
+                    f.offset.saturating_sub(256 << 10),
+                    f.offset + f.clen + (256 << 10),
+                );
+                !early.iter().any(|(x, y)| *x < b && a < *y)
+            };
+            inside = toc
+                .entries
+                .iter()
+                .filter(|e| {
+                    e.path.starts_with("usr/lib/python3") && (1..=16 << 10).contains(&e.size)
+                })
+                .filter(|e| e.chunks.len() == 1 && e.chunks[0].frame_offset >= 4096)
+                .find_map(|e| {
+                    let f = e.chunks[0].frame;
+                    let at = late.iter().position(|i| *i == f)?;
+                    let next = *late.get(at + 1)?;
+                    (next != f && clear(f) && clear(next)).then(|| {
+                        let span = |i: FrameIdx| {
+                            let fr = &toc.frames[i.0 as usize];
+                            (fr.offset, fr.offset + fr.clen)
+                        };
+                        (e.path.clone(), l.digest.to_string(), span(f), span(next))
+                    })
+                });
+            println!(
+                "layer {}: {} profile frames, {} late; late frames clear of the early ones: {}",
+                l.digest,
+                order.len(),
+                late.len(),
+                late.iter().filter(|i| clear(**i)).count()
+            );
+        }
         profile_bytes += wanted
             .iter()
             .filter_map(|i| toc.frames.get(i.0 as usize))
@@ -113,12 +162,14 @@ async fn a_read_the_profile_did_not_predict_goes_before_the_queued_prefetch() ->
                 .find(|e| !e.chunks.is_empty() && e.chunks.iter().all(|c| !near(c.frame.0)))
                 .map(|e| {
                     let f = &toc.frames[e.chunks[0].frame.0 as usize];
-                    (e.path.clone(), f.offset, f.clen)
+                    (e.path.clone(), l.digest.to_string(), f.offset, f.clen)
                 });
         }
     }
-    let (path, frame_off, frame_len) =
+    let (path, layer, frame_off, frame_len) =
         pick.context("no small file outside the profile's frames")?;
+    let (in_path, in_layer, in_frame, next_frame) =
+        inside.context("no small python file in one frame late in the profile")?;
     println!(
         "profile: {} files, {profile_bytes} compressed bytes; the read: /{path} (frame at {frame_off}, {frame_len} bytes)",
         profile.lines().count()
@@ -146,7 +197,9 @@ async fn a_read_the_profile_did_not_predict_goes_before_the_queued_prefetch() ->
     })?;
     let image = format!("{}/python:weenv-big", shaped.host());
     d.pull(ctd.address(), "b", &image)?;
-    let script = format!("sleep 2; cat '/{path}' > /dev/null && echo read");
+    let script = format!(
+        "sleep 2; cat '/{path}' > /dev/null && sleep 1 && cat '/{in_path}' > /dev/null && echo read"
+    );
     let out = ctr_run(&ctd, "b", "weenv", &image, "small", &["sh", "-c", &script])?;
     ensure!(out.contains("read"), "{out}");
 
@@ -154,7 +207,7 @@ async fn a_read_the_profile_did_not_predict_goes_before_the_queued_prefetch() ->
     //    came share the link with it and may still be running when the container exits; the
     //    next prefetch request starts only when they end. Wait (up to the prefetch's own
     //    duration) until a request starts after the read, then judge the order.
-    let blob_gets = |stats: &weenv_integration::registry::ProxyStats| -> Vec<_> {
+    let gets_of = |stats: &weenv_integration::registry::ProxyStats| -> Vec<_> {
         stats
             .requests()
             .into_iter()
@@ -164,11 +217,11 @@ async fn a_read_the_profile_did_not_predict_goes_before_the_queued_prefetch() ->
     };
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(40);
     let blob_gets = loop {
-        let gets = blob_gets(&shaped.stats());
+        let gets = gets_of(&shaped.stats());
         let read_end = gets
             .iter()
             .rev()
-            .find(|((a, b), _)| *a <= frame_off && frame_off < *b)
+            .find(|((a, b), r)| r.path.contains(&layer) && *a <= frame_off && frame_off < *b)
             .map(|(_, r)| r.end_us);
         let later = read_end.is_some_and(|e| e > 0 && gets.iter().any(|(_, r)| r.start_us >= e));
         if later || std::time::Instant::now() > deadline {
@@ -179,7 +232,7 @@ async fn a_read_the_profile_did_not_predict_goes_before_the_queued_prefetch() ->
     let Some((_, read)) = blob_gets
         .iter()
         .rev()
-        .find(|((a, b), _)| *a <= frame_off && frame_off < *b)
+        .find(|((a, b), r)| r.path.contains(&layer) && *a <= frame_off && frame_off < *b)
     else {
         bail!("no request for /{path}'s frame: {blob_gets:#?}");
     };
@@ -191,7 +244,13 @@ async fn a_read_the_profile_did_not_predict_goes_before_the_queued_prefetch() ->
         .iter()
         .filter(|(_, r)| r.start_us > start + SLACK_US && r.start_us < end)
         .collect();
-    let after = blob_gets.iter().filter(|(_, r)| r.start_us >= end).count();
+    let is_inside_read = |(a, b): (u64, u64), r: &weenv_integration::registry::ProxyRequest| {
+        r.path.contains(&in_layer) && a <= in_frame.0 && in_frame.0 < b
+    };
+    let after = blob_gets
+        .iter()
+        .filter(|(s, r)| r.start_us >= end && !is_inside_read(*s, r))
+        .count();
     let in_flight: u64 = blob_gets
         .iter()
         .filter(|(_, r)| r.start_us < start && r.end_us > start)
@@ -211,6 +270,56 @@ async fn a_read_the_profile_did_not_predict_goes_before_the_queued_prefetch() ->
     ensure!(
         after > 0,
         "no prefetch request came after the read: the prefetch was done before it (link too fast?)"
+    );
+
+    // 5. The read of a frame in a queued prefetch batch: its request is that frame alone, and
+    //    the frame the profile names next comes later, in another request (wait for the
+    //    prefetch to get there).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(90);
+    let covering = |gets: &[((u64, u64), weenv_integration::registry::ProxyRequest)], at: u64| {
+        gets.iter()
+            .filter(|((a, b), r)| r.path.contains(&in_layer) && *a <= at && at < *b)
+            .map(|(s, r)| (*s, r.clone()))
+            .collect::<Vec<_>>()
+    };
+    let gets = loop {
+        let gets = gets_of(&shaped.stats());
+        if !covering(&gets, next_frame.0).is_empty() || std::time::Instant::now() > deadline {
+            break gets;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    };
+    // The first request with the read's frame is the read's (nothing sent before the read
+    // covers it); a later batch may still bridge over it.
+    let first = |at: u64| {
+        let mut c = covering(&gets, at);
+        c.sort_by_key(|(_, r)| r.start_us);
+        c
+    };
+    let reads = first(in_frame.0);
+    let Some((read_span, read)) = reads.first() else {
+        bail!("no request for /{in_path}'s frame {in_frame:?}");
+    };
+    let next = first(next_frame.0);
+    println!(
+        "the read in a queued batch: /{in_path}, frame {in_frame:?}, request {read_span:?} \
+         ({} bytes); the profile's next frame {next_frame:?}: requests {:?}",
+        read.response_bytes,
+        next.iter()
+            .map(|(s, r)| (*s, r.start_us))
+            .collect::<Vec<_>>()
+    );
+    ensure!(
+        *read_span == in_frame,
+        "the read's request {read_span:?} is not its frame {in_frame:?} alone: it waited for bytes it did not ask for"
+    );
+    ensure!(
+        !next.is_empty(),
+        "the profile's next frame {next_frame:?} never came (prefetch stalled?)"
+    );
+    ensure!(
+        next[0].1.start_us > read.start_us,
+        "the rest of the batch went before (or with) the read: {next:#?} vs {read:?}"
     );
     Ok(())
 }

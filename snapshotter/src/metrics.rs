@@ -95,9 +95,8 @@ pub struct Metrics {
     pub bytes_fetched_fill: AtomicU64,
     /// Compressed bytes fetched by start-up prefetch (the image's profile).
     pub bytes_fetched_prefetch: AtomicU64,
-    /// Background (prefetch, fill) calls promoted because a reader waited for one of their
-    /// frames: a queued prefetch request is sent at once, the rest decodes at normal priority
-    /// (`fetch::link`, `fetch::cpu`).
+    /// Frames readers took out of queued background (prefetch, fill) requests and fetched
+    /// themselves, as demand (`fetch::link::Carve`).
     pub link_promotions: AtomicU64,
     /// Range requests sent to sources.
     pub range_requests: AtomicU64,
@@ -233,7 +232,7 @@ impl Metrics {
             ),
             (
                 "weenv_fetch_link_promotions_total",
-                "Background fetches promoted because a reader waited for one of their frames.",
+                "Frames readers took out of queued background requests (fetched alone, as demand).",
                 &self.link_promotions,
             ),
             (

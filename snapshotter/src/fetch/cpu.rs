@@ -15,8 +15,9 @@
 //! - **Busy pause**: before each fill request, the fill waits until no FUSE read came for
 //!   `busy_ms` ([`busy_wait`], pure; the daemon sees every read of a lazy layer), at most
 //!   `max_pause_ms` at a time (then one request goes: throttled, not starved).
-//! - **No inversion**: a reader waiting for a frame the fill is decoding promotes it (see
-//!   `frames.rs`): the frames still to decode are decoded at normal priority.
+//! - **No inversion**: a reader waiting for a frame a background call is fetching or decoding
+//!   raises the call (see `frames.rs`): the frames still to decode are decoded at normal
+//!   priority.
 //!
 //! The kernel calls are [`set_current_thread`] (one narrow function); [`Lowered`] applies a
 //! priority for a scope and restores normal priority on drop.

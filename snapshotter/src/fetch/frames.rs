@@ -16,10 +16,12 @@
 //! - misses claimed together are coalesced into range requests by [`plan_fetch`];
 //! - if a claimer is cancelled, its claims are released and waiters retry (no lost wakeups).
 //! - every range request goes through the node's [`LinkScheduler`]: on-demand and read-ahead
-//!   requests are sent at once, start-up prefetch and fill requests wait below them; a
-//!   prefetch request that claimed frames is promoted when an on-demand read waits for one of
-//!   them, a fill request claims its frames only once the link admits it (see [`super::link`]);
-//!   background frames decode at low CPU priority ([`super::cpu`]) until a reader waits.
+//!   requests are sent at once, start-up prefetch and fill requests wait below them; an
+//!   on-demand read of a frame a background call claimed but has not sent yet takes that
+//!   frame ([`super::link::Carve`]): the reader fetches only it, at once, as demand, and the
+//!   call's request leaves it out; a fill request claims its frames only once the link admits
+//!   it (see [`super::link`]); background frames decode at low CPU priority ([`super::cpu`])
+//!   until a reader waits for one of them.
 //! - with a peer tier set ([`FrameStore::set_peer_tier`], `crate::peer`), claimed misses of a
 //!   registry blob are first asked of the peer nodes that own them; frames the tier returns
 //!   (verified against the TOC by the tier) are cached like fetched ones, the rest are fetched
@@ -68,10 +70,15 @@ enum Unverified {
 }
 use Unverified::{Bad, Failed};
 
-/// A frame being fetched: its result channel, and the background call an on-demand reader
-/// of it may promote (`None`: a demand fetch).
+/// The sending end of a frame's result channel, shared by the claim and the in-flight map so
+/// that a reader taking the frame out of a queued background request takes the sender over.
+type SharedTx = Arc<Mutex<Option<watch::Sender<Slot>>>>;
+
+/// A frame being fetched: its result channel, and the background call whose request holds it
+/// (`None`: a demand fetch).
 struct Inflight {
     rx: watch::Receiver<Slot>,
+    tx: SharedTx,
     promotion: Option<Arc<Promotion>>,
 }
 
@@ -103,22 +110,31 @@ impl Drop for InFlight<'_> {
     }
 }
 
-/// A claimed in-flight frame: publishes the result, releases the claim on drop.
+/// A claimed in-flight frame: publishes the result, releases the claim on drop (unless a
+/// reader took the frame over: then the claim is the reader's).
 struct Claim<'a> {
     store: &'a FrameStore,
     digest: Digest,
-    tx: watch::Sender<Slot>,
+    tx: SharedTx,
 }
 
 impl Claim<'_> {
     fn finish(self, r: Result<Bytes, FetchError>) {
-        self.tx.send_replace(Some(r));
+        if let Some(tx) = self.tx.lock().as_ref() {
+            tx.send_replace(Some(r));
+        }
     }
 }
 
 impl Drop for Claim<'_> {
     fn drop(&mut self) {
-        self.store.inflight.lock().remove(&self.digest);
+        let mut map = self.store.inflight.lock();
+        if map
+            .get(&self.digest)
+            .is_some_and(|f| Arc::ptr_eq(&f.tx, &self.tx))
+        {
+            map.remove(&self.digest);
+        }
     }
 }
 
@@ -333,7 +349,7 @@ impl FrameStore {
         self.link.note_demand();
     }
 
-    /// Number of on-demand/read-ahead (and promoted) requests in flight.
+    /// Number of on-demand/read-ahead requests in flight (frames readers took included).
     pub fn demand_in_flight(&self) -> usize {
         self.link.demand_in_flight()
     }
@@ -354,14 +370,37 @@ impl FrameStore {
         })
     }
 
-    fn plan_one(&self, frame: &Frame, promotion: Option<&Arc<Promotion>>) -> Plan<'_> {
+    /// Have, fetch (claimed now, or taken out of a background call's queued request by an
+    /// on-demand reader) or wait for `frame`. A background call (`promotion`) queues what it
+    /// claims: readers may take it until its request is sent.
+    fn plan_one(
+        &self,
+        frame: &Frame,
+        prio: Priority,
+        promotion: Option<&Arc<Promotion>>,
+    ) -> Plan<'_> {
         let mut attempts = 0;
         let mut map = loop {
             if let Some(b) = self.cached(frame) {
                 return Plan::Have(b);
             }
-            let map = self.inflight.lock();
-            if let Some(f) = map.get(&frame.digest) {
+            let mut map = self.inflight.lock();
+            if let Some(f) = map.get_mut(&frame.digest) {
+                // Lock order: inflight -> promotion (the call's `send` takes only the latter).
+                if let (Priority::OnDemand, Some(p)) = (prio, &f.promotion) {
+                    if p.take(&frame.digest) {
+                        // Queued in a background request: the reader fetches it now, alone.
+                        let tx: SharedTx = Arc::new(Mutex::new(f.tx.lock().take()));
+                        f.tx = tx.clone();
+                        f.promotion = None;
+                        self.metrics.link_promotions.fetch_add(1, Ordering::Relaxed);
+                        return Plan::Fetch(Claim {
+                            store: self,
+                            digest: frame.digest.clone(),
+                            tx,
+                        });
+                    }
+                }
                 return Plan::Wait(f.rx.clone(), f.promotion.clone());
             }
             // A fetch may have completed between the cache check and the lock (it caches,
@@ -376,10 +415,15 @@ impl FrameStore {
             break map;
         };
         let (tx, rx) = watch::channel(None);
+        let tx: SharedTx = Arc::new(Mutex::new(Some(tx)));
+        if let Some(p) = promotion {
+            p.queue(frame.digest.clone());
+        }
         map.insert(
             frame.digest.clone(),
             Inflight {
                 rx,
+                tx: tx.clone(),
                 promotion: promotion.cloned(),
             },
         );
@@ -393,7 +437,8 @@ impl FrameStore {
 
     /// Frames `idxs` of a layer (`frames` from its TOC, `source` its blob), in order.
     /// A fill call first waits for the link to admit it (its frames are claimed after that);
-    /// a prefetch call claims its frames, then waits (promotable); demand goes at once.
+    /// a prefetch call claims its frames, then waits (readers may take frames out of its
+    /// queued requests); demand goes at once.
     pub async fn get_frames(
         &self,
         frames: &[Frame],
@@ -404,13 +449,12 @@ impl FrameStore {
         let _fill_permit = match prio {
             Priority::Fill => match self.missing_bytes(frames, idxs) {
                 0 => None,
-                bytes => Some(self.link.background(Class::Fill, bytes, None).await),
+                bytes => Some(self.link.background(Class::Fill, bytes).await),
             },
             _ => None,
         };
-        // Background calls can be promoted by a reader waiting for one of their frames: a
-        // queued prefetch request is sent at once, and the rest of the call decodes at normal
-        // CPU priority.
+        // Readers may take frames out of a background call's queued requests, and raise the
+        // CPU priority of the rest when they wait for one it is sending.
         let promotion = matches!(prio, Priority::Prefetch | Priority::Fill)
             .then(|| Arc::new(Promotion::default()));
         let mut out: Vec<Option<Bytes>> = vec![None; idxs.len()];
@@ -422,16 +466,14 @@ impl FrameStore {
                     continue;
                 }
                 let f = Self::frame(frames, *idx)?;
-                match self.plan_one(f, promotion.as_ref()) {
+                match self.plan_one(f, prio, promotion.as_ref()) {
                     Plan::Have(b) => out[i] = Some(b),
                     Plan::Fetch(c) => claims.push((i, *idx, c)),
                     Plan::Wait(rx, p) => {
-                        // A reader waits for a background call: promote it.
+                        // A reader waits for a frame a background call is sending: the rest
+                        // of that call decodes at normal priority.
                         if let (Priority::OnDemand, Some(p)) = (prio, p) {
-                            if !p.promoted() {
-                                self.metrics.link_promotions.fetch_add(1, Ordering::Relaxed);
-                            }
-                            self.link.promote(&p);
+                            p.raise();
                         }
                         waits.push((i, rx));
                     }
@@ -497,12 +539,24 @@ impl FrameStore {
         // the other frames are asked of their owners, so two nodes waiting on each other's
         // claims cannot stall until the hedge delay.
         let mut out = Vec::new();
+        // Asked of peers at once: no reader takes these frames meanwhile (those already taken
+        // are the readers'); what the peers do not deliver is queued again below.
+        if let Some(p) = promotion {
+            Self::send_claimed(frames, p, &mut by_idx);
+        }
         let keys: Vec<FrameIdx> = by_idx.keys().copied().collect();
         let mine = tier.self_owned(frames, &keys);
         let got = tier.fetch(&blob, frames, &mine, prio).await;
         self.publish_peer_frames(frames, got, &mut by_idx, prio, &mut out);
         let ours: Claims<'a> = mine.iter().filter_map(|i| by_idx.remove_entry(i)).collect();
         let theirs: Vec<FrameIdx> = by_idx.keys().copied().collect();
+        if let Some(p) = promotion {
+            p.requeue(
+                ours.keys()
+                    .filter_map(|i| frames.get(i.0 as usize))
+                    .map(|f| f.digest.clone()),
+            );
+        }
         let (got, done) = futures::future::join(
             tier.fetch(&blob, frames, &theirs, prio),
             self.fetch_from_source(frames, source, ours, prio, promotion),
@@ -511,11 +565,30 @@ impl FrameStore {
         out.extend(done);
         self.publish_peer_frames(frames, got, &mut by_idx, prio, &mut out);
         // What the owners did not deliver.
+        if let Some(p) = promotion {
+            p.requeue(
+                by_idx
+                    .keys()
+                    .filter_map(|i| frames.get(i.0 as usize))
+                    .map(|f| f.digest.clone()),
+            );
+        }
         out.extend(
             self.fetch_from_source(frames, source, by_idx, prio, promotion)
                 .await,
         );
         out
+    }
+
+    /// Marks the claimed frames `by_idx` of background call `p` as being sent and drops those
+    /// a reader took (their claims are the readers' now: dropping ours publishes nothing).
+    fn send_claimed(frames: &[Frame], p: &Promotion, by_idx: &mut Claims<'_>) {
+        let digest = |i: &FrameIdx| frames.get(i.0 as usize).map(|f| f.digest.clone());
+        let kept: std::collections::HashSet<Digest> = p
+            .send(by_idx.keys().filter_map(digest))
+            .into_iter()
+            .collect();
+        by_idx.retain(|i, _| digest(i).is_some_and(|d| kept.contains(&d)));
     }
 
     /// Caches and publishes frames a peer tier returned (verified by the tier).
@@ -567,6 +640,9 @@ impl FrameStore {
             .collect()
     }
 
+    /// Sends one planned range request: a prefetch request first waits for the link; a
+    /// background call then sends only the frames no reader took meanwhile (re-planned without
+    /// bridging holes, so no taken frame is fetched twice).
     async fn run_request<'a>(
         &'a self,
         frames: &[Frame],
@@ -577,13 +653,59 @@ impl FrameStore {
         promotion: Option<&Promotion>,
     ) -> Vec<(usize, Result<Bytes, FetchError>)> {
         let _prefetch_permit = match prio {
-            Priority::Prefetch => Some(
-                self.link
-                    .background(Class::Prefetch, req.len, promotion)
-                    .await,
-            ),
+            Priority::Prefetch => Some(self.link.background(Class::Prefetch, req.len).await),
             _ => None,
         };
+        let Some(p) = promotion else {
+            return self
+                .read_request(frames, source, req, group, prio, promotion)
+                .await;
+        };
+        let mut by_idx: Claims<'a> = group.into_iter().collect();
+        let before = by_idx.len();
+        Self::send_claimed(frames, p, &mut by_idx);
+        if by_idx.len() == before {
+            let group = req
+                .frames
+                .iter()
+                .filter_map(|i| by_idx.remove_entry(i))
+                .collect();
+            return self
+                .read_request(frames, source, req, group, prio, promotion)
+                .await;
+        }
+        let mut wanted: Vec<FrameIdx> = by_idx.keys().copied().collect();
+        wanted.sort_unstable();
+        let limits = PlanLimits {
+            max_gap: 0,
+            ..self.limits
+        };
+        let mut out = Vec::new();
+        for req in plan_fetch(frames, &wanted, limits) {
+            let group = req
+                .frames
+                .iter()
+                .filter_map(|i| by_idx.remove_entry(i))
+                .collect();
+            out.extend(
+                self.read_request(frames, source, req, group, prio, promotion)
+                    .await,
+            );
+        }
+        out
+    }
+
+    /// Reads range `req` from `source`, verifies and caches its frames, publishes them to
+    /// their claims `group`.
+    async fn read_request<'a>(
+        &'a self,
+        frames: &[Frame],
+        source: &Arc<dyn RangeSource>,
+        req: RangeRequest,
+        group: Vec<(FrameIdx, Vec<(usize, Claim<'a>)>)>,
+        prio: Priority,
+        promotion: Option<&Promotion>,
+    ) -> Vec<(usize, Result<Bytes, FetchError>)> {
         self.in_flight.fetch_add(req.len, Ordering::Relaxed);
         let _in_flight = InFlight(&self.in_flight, req.len);
         let range = ByteRange::new(req.offset, req.len);

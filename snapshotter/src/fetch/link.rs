@@ -13,20 +13,26 @@
 //!   cap in flight. Nothing behind a waiting head is sent (strict priority). So a demand read
 //!   shares the link with at most `background_bytes` of background requests, all sent before
 //!   it started;
-//! - **promotion** (single flight): a demand read that wants a frame claimed by a *queued*
-//!   prefetch request promotes that request: it leaves the queue and is sent at once as
-//!   demand; the reader waits for it, nothing is fetched twice. Promoted requests do not
-//!   restart the quiet time: the profile predicted that read, so the prefetch is useful and
-//!   goes on. (A fill request claims its frames only once admitted, so demand never waits for
-//!   a queued fill request: it fetches the frame itself.)
+//! - **carving** (single flight): a demand read that wants a frame claimed by a background
+//!   call whose request is not on the wire yet *takes* that frame ([`Carve`]): the reader
+//!   fetches just that frame itself, as demand, and the background request sends only the
+//!   frames left when the link admits it. A reader never waits for a queued background
+//!   request, nor for bytes it did not ask for (a start-up profile recorded for another command
+//!   names the frames this command reads, in another order, in batches). A frame whose request
+//!   is on the wire already is waited for (its decode is raised to normal CPU priority,
+//!   [`Promotion::raise`]). A carved read is demand like any other: background requests wait
+//!   for it and for the quiet time after it.
 //!
 //! [`LinkScheduler`] is the async shell: waiters pump the queue themselves (on every change
 //! and when a quiet time ends), permits release on drop (also when a waiter is cancelled).
 
 use parking_lot::Mutex;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
+use std::hash::Hash;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 use tokio::sync::Notify;
+use weenv_format::Digest;
 
 /// Background request classes, in priority order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -90,8 +96,6 @@ pub enum TicketState {
     Queued,
     /// Admitted as background.
     Running,
-    /// Promoted: sent as demand.
-    Promoted,
 }
 
 /// What one pump admitted, and when to pump again if the head waits for a quiet time.
@@ -108,7 +112,6 @@ pub struct LinkQueue {
     last_demand: Duration,
     queue: BTreeMap<(Class, TicketId), u64>,
     running: HashMap<TicketId, (Class, u64)>,
-    promoted: HashSet<TicketId>,
     next: TicketId,
 }
 
@@ -130,7 +133,7 @@ impl LinkQueue {
         self.note_demand(now);
     }
 
-    /// Demand requests in flight (promoted ones included).
+    /// Demand requests in flight.
     pub fn demand_in_flight(&self) -> usize {
         self.demand
     }
@@ -151,8 +154,6 @@ impl LinkQueue {
     pub fn state(&self, id: TicketId) -> Option<TicketState> {
         if self.running.contains_key(&id) {
             Some(TicketState::Running)
-        } else if self.promoted.contains(&id) {
-            Some(TicketState::Promoted)
         } else if self.queue.keys().any(|(_, i)| *i == id) {
             Some(TicketState::Queued)
         } else {
@@ -160,29 +161,11 @@ impl LinkQueue {
         }
     }
 
-    /// Promotes queued request `id` to demand (sent at once). True if it was queued; a request
-    /// already admitted stays as it is (it is on the wire).
-    pub fn promote(&mut self, id: TicketId) -> bool {
-        let Some(key) = self.queue.keys().find(|(_, i)| *i == id).copied() else {
-            return false;
-        };
-        self.queue.remove(&key);
-        self.promoted.insert(id);
-        self.demand += 1;
-        true
-    }
-
-    /// Request `id` ended (or its waiter went away): queued, running or promoted.
+    /// Request `id` ended (or its waiter went away): queued or running.
     pub fn release(&mut self, id: TicketId) {
-        if self.running.remove(&id).is_some() {
-            return;
+        if self.running.remove(&id).is_none() {
+            self.queue.retain(|(_, i), _| *i != id);
         }
-        if self.promoted.remove(&id) {
-            // Predicted demand: no quiet time after it.
-            self.demand = self.demand.saturating_sub(1);
-            return;
-        }
-        self.queue.retain(|(_, i), _| *i != id);
     }
 
     /// Admits queued requests in order while the policy allows (see the module docs).
@@ -212,17 +195,124 @@ impl LinkQueue {
     }
 }
 
-/// A set of queued prefetch requests a demand read may promote (one per prefetch call: the
-/// frames it claimed and the requests it queued for them).
+/// Where a frame claimed by a background call is (see [`Carve`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Part {
+    /// Claimed, its request not sent yet: a reader may take it.
+    Queued,
+    /// Its request is being sent (or asked of peers): readers wait for it.
+    Sending,
+    /// A reader took it: the reader fetches it, the call leaves it out.
+    Taken,
+}
+
+/// The frames of one background call (keys `K`), and which of them readers took out of its
+/// queued requests. Pure. Every frame is fetched once: by the call (`send` returned it) or by
+/// the reader that took it (`take` returned true), never both, since only a queued frame can
+/// be taken or sent.
+#[derive(Debug)]
+pub struct Carve<K> {
+    parts: HashMap<K, Part>,
+}
+
+impl<K> Default for Carve<K> {
+    fn default() -> Self {
+        Carve {
+            parts: HashMap::new(),
+        }
+    }
+}
+
+impl<K: Eq + Hash + Clone> Carve<K> {
+    /// The call claimed `k` and will send it later.
+    pub fn queue(&mut self, k: K) {
+        self.parts.insert(k, Part::Queued);
+    }
+
+    /// A reader wants `k`: true if it takes it (queued, so nothing is on the wire for it);
+    /// false if the call sends it already (wait for it) or `k` is not the call's.
+    pub fn take(&mut self, k: &K) -> bool {
+        match self.parts.get_mut(k) {
+            Some(p @ Part::Queued) => {
+                *p = Part::Taken;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// The call sends `ks` now: which of them are still its to send (in order); the others
+    /// were taken.
+    pub fn send(&mut self, ks: impl IntoIterator<Item = K>) -> Vec<K> {
+        ks.into_iter()
+            .filter(|k| match self.parts.get_mut(k) {
+                Some(Part::Taken) => false,
+                Some(p) => {
+                    *p = Part::Sending;
+                    true
+                }
+                None => {
+                    self.parts.insert(k.clone(), Part::Sending);
+                    true
+                }
+            })
+            .collect()
+    }
+
+    /// The call sent `ks` without getting them (peers did not have them) and queues them
+    /// again: readers may take them until it sends them.
+    pub fn requeue(&mut self, ks: impl IntoIterator<Item = K>) {
+        for k in ks {
+            if let Some(p @ Part::Sending) = self.parts.get_mut(&k) {
+                *p = Part::Queued;
+            }
+        }
+    }
+
+    /// Where `k` is.
+    pub fn part(&self, k: &K) -> Option<Part> {
+        self.parts.get(k).copied()
+    }
+}
+
+/// A background (prefetch, fill) call as readers see it: frames they may take out of its
+/// queued requests ([`Carve`], keyed by frame digest), and whether a reader waits for a frame
+/// it is sending (then the rest of the call decodes at normal CPU priority).
 #[derive(Debug, Default)]
 pub struct Promotion {
-    inner: Mutex<(bool, Vec<TicketId>)>,
+    raised: AtomicBool,
+    carve: Mutex<Carve<Digest>>,
 }
 
 impl Promotion {
-    /// A demand read waits for these frames.
+    /// A reader waits for this call's frames: decode them at normal priority.
     pub fn promoted(&self) -> bool {
-        self.inner.lock().0
+        self.raised.load(Ordering::Relaxed)
+    }
+
+    /// A reader waits for a frame this call is sending. True the first time.
+    pub fn raise(&self) -> bool {
+        !self.raised.swap(true, Ordering::Relaxed)
+    }
+
+    /// See [`Carve::queue`].
+    pub fn queue(&self, k: Digest) {
+        self.carve.lock().queue(k);
+    }
+
+    /// See [`Carve::take`].
+    pub fn take(&self, k: &Digest) -> bool {
+        self.carve.lock().take(k)
+    }
+
+    /// See [`Carve::send`].
+    pub fn send(&self, ks: impl IntoIterator<Item = Digest>) -> Vec<Digest> {
+        self.carve.lock().send(ks)
+    }
+
+    /// See [`Carve::requeue`].
+    pub fn requeue(&self, ks: impl IntoIterator<Item = Digest>) {
+        self.carve.lock().requeue(ks);
     }
 }
 
@@ -292,42 +382,12 @@ impl LinkScheduler {
         DemandPermit(self)
     }
 
-    /// Promotes every queued request of `p` (a demand read waits for its frames).
-    pub fn promote(&self, p: &Promotion) {
-        let mut g = p.inner.lock();
-        if g.0 {
-            return;
-        }
-        g.0 = true;
-        let mut q = self.q.lock();
-        let any = g.1.iter().fold(false, |any, id| q.promote(*id) | any);
-        drop(q);
-        drop(g);
-        if any {
-            self.changed.notify_waiters();
-        }
-    }
-
-    /// Waits until a background request of `bytes` and `class` may be sent (or is promoted
-    /// through `promotion`); hold the permit while it is in flight.
-    pub async fn background(
-        &self,
-        class: Class,
-        bytes: u64,
-        promotion: Option<&Promotion>,
-    ) -> BgPermit<'_> {
-        let permit = {
-            // Lock order: promotion, then queue (as in `promote`).
-            let mut pg = promotion.map(|p| p.inner.lock());
-            let mut q = self.q.lock();
-            let id = q.enqueue(class, bytes);
-            if let Some(pg) = pg.as_mut() {
-                pg.1.push(id);
-                if pg.0 {
-                    q.promote(id);
-                }
-            }
-            BgPermit { sched: self, id }
+    /// Waits until a background request of `bytes` and `class` may be sent; hold the permit
+    /// while it is in flight.
+    pub async fn background(&self, class: Class, bytes: u64) -> BgPermit<'_> {
+        let permit = BgPermit {
+            sched: self,
+            id: self.q.lock().enqueue(class, bytes),
         };
         loop {
             let changed = self.changed.notified();
@@ -443,26 +503,42 @@ mod tests {
     }
 
     #[test]
-    fn promotion_sends_at_once_as_demand_and_leaves_no_quiet_time() {
+    fn a_reader_takes_only_queued_frames_and_the_call_sends_the_rest() {
+        let mut c: Carve<u32> = Carve::default();
+        for k in 1..=4 {
+            c.queue(k);
+        }
+        // A reader takes frame 3 out of the queued batch: only it, at once.
+        assert!(c.take(&3));
+        assert_eq!(c.part(&3), Some(Part::Taken));
+        assert!(!c.take(&3), "taken once");
+        assert!(!c.take(&9), "not the call's");
+        // The link admits the batch: the call sends the frames left, in its order.
+        assert_eq!(c.send([1, 2, 3, 4]), vec![1, 2, 4]);
+        assert!(!c.take(&2), "on the wire: the reader waits for it");
+        // Peers did not have 4: queued again, takeable again until sent.
+        c.requeue([4, 3]);
+        assert_eq!(
+            c.part(&3),
+            Some(Part::Taken),
+            "a taken frame stays the reader's"
+        );
+        assert!(c.take(&4));
+        assert_eq!(c.send([4]), Vec::<u32>::new());
+    }
+
+    #[test]
+    fn a_carved_read_is_demand_the_rest_of_the_batch_waits_for_it_and_the_quiet_time() {
         let p = policy();
         let mut q = LinkQueue::default();
+        let batch = q.enqueue(Class::Prefetch, 8);
+        // The reader's own frame goes as demand.
         q.demand_started(MS(1000));
-        let a = q.enqueue(Class::Prefetch, 1);
-        let b = q.enqueue(Class::Prefetch, 1);
-        assert!(q.promote(b));
-        assert_eq!(q.state(b), Some(TicketState::Promoted));
-        assert_eq!(q.demand_in_flight(), 2);
-        q.demand_ended(MS(1000));
-        assert!(q.pump(MS(2000), &p).admitted.is_empty(), "b in flight");
-        q.release(b);
-        assert_eq!(q.state(b), None);
-        assert_eq!(
-            q.pump(MS(2000), &p).admitted,
-            vec![a],
-            "the quiet time counts from the unpredicted demand, not the promoted one"
-        );
-        assert!(!q.promote(a), "admitted requests are on the wire already");
-        q.release(a);
+        assert!(q.pump(MS(1050), &p).admitted.is_empty(), "demand in flight");
+        q.demand_ended(MS(1100));
+        assert_eq!(q.pump(MS(1150), &p).recheck_in, Some(MS(50)));
+        assert_eq!(q.pump(MS(1200), &p).admitted, vec![batch]);
+        q.release(batch);
         assert_eq!(q.demand_in_flight(), 0);
         assert_eq!(q.background_bytes(), 0);
     }
@@ -480,7 +556,7 @@ mod tests {
         /// Whatever happens, nothing is admitted while demand is in flight, the bytes bound
         /// holds (a request alone excepted), and class caps hold.
         #[test]
-        fn invariants_hold(ops in proptest::collection::vec((0u8..6, 1u64..20), 1..80)) {
+        fn invariants_hold(ops in proptest::collection::vec((0u8..5, 1u64..20), 1..80)) {
             let p = policy();
             let mut q = LinkQueue::default();
             let mut now = MS(0);
@@ -494,7 +570,7 @@ mod tests {
                     2 => { q.demand_started(now); demand += 1; }
                     3 if demand > 0 => { q.demand_ended(now); demand -= 1; }
                     4 if !ids.is_empty() => { let id = ids.remove(x as usize % ids.len()); q.release(id); }
-                    _ => if let Some(id) = ids.get(x as usize % ids.len().max(1)) { q.promote(*id); }
+                    _ => {}
                 }
                 let before = q.running.len();
                 let pump = q.pump(now, &p);
@@ -511,40 +587,69 @@ mod tests {
         }
     }
 
+    proptest::proptest! {
+        /// Readers and the call interleave in any order: every frame is fetched exactly once,
+        /// by the reader that took it or by the call, and a reader takes only queued frames.
+        #[test]
+        fn carve_fetches_every_frame_once(ops in proptest::collection::vec((0u8..3, 0u32..6), 1..60)) {
+            let mut c: Carve<u32> = Carve::default();
+            for k in 0..6 {
+                c.queue(k);
+            }
+            let (mut taken, mut sent) = (Vec::new(), Vec::new());
+            let mut sending: std::collections::HashSet<u32> = Default::default();
+            for (op, k) in ops {
+                match op {
+                    0 => {
+                        let queued = c.part(&k) == Some(Part::Queued);
+                        proptest::prop_assert_eq!(c.take(&k), queued);
+                        if queued { taken.push(k); }
+                    }
+                    1 => for s in c.send([k, (k + 1) % 6]) { sending.insert(s); },
+                    _ => {
+                        // A send ends: got (kept) or requeued (peers did not have it).
+                        if sending.remove(&k) {
+                            if k % 2 == 0 { sent.push(k); } else { c.requeue([k]); }
+                        }
+                    }
+                }
+            }
+            sent.extend(c.send(0..6));
+            let mut all: Vec<u32> = taken.iter().chain(&sent).copied().collect();
+            all.extend(sending.iter().filter(|k| !sent.contains(k)));
+            all.sort_unstable();
+            all.dedup();
+            proptest::prop_assert_eq!(all.len(), 6);
+            for k in &taken {
+                proptest::prop_assert!(!sent.contains(k), "frame {} fetched twice", k);
+            }
+        }
+    }
+
     #[tokio::test(start_paused = true)]
-    async fn scheduler_wakes_background_when_demand_ends_and_promotes() {
+    async fn scheduler_wakes_background_when_demand_ends() {
         use std::sync::Arc;
         let s = Arc::new(LinkScheduler::new(LinkPolicy {
             prefetch_quiet: MS(50),
             ..LinkPolicy::default()
         }));
         let d = s.demand();
-        let promo = Arc::new(Promotion::default());
-        let bg = {
-            let (s, promo) = (s.clone(), promo.clone());
-            tokio::spawn(async move {
-                let _p = s.background(Class::Prefetch, 1, Some(&promo)).await;
-            })
-        };
-        let plain = {
+        let waiter = || {
             let s = s.clone();
             tokio::spawn(async move {
                 let t0 = tokio::time::Instant::now();
-                let _p = s.background(Class::Prefetch, 1, None).await;
+                let _p = s.background(Class::Prefetch, 1).await;
                 t0.elapsed()
             })
         };
+        let (a, b) = (waiter(), waiter());
         tokio::time::sleep(MS(500)).await;
-        assert!(
-            !bg.is_finished() && !plain.is_finished(),
-            "demand in flight"
-        );
-        s.promote(&promo);
-        bg.await.unwrap();
-        assert!(!plain.is_finished());
+        assert!(!a.is_finished() && !b.is_finished(), "demand in flight");
         drop(d);
-        let waited = plain.await.unwrap();
-        assert!(waited >= MS(550), "{waited:?}: demand, then the quiet time");
+        for w in [a, b] {
+            let waited = w.await.unwrap();
+            assert!(waited >= MS(550), "{waited:?}: demand, then the quiet time");
+        }
         assert_eq!(s.demand_in_flight(), 0);
         assert_eq!(s.q.lock().background_bytes(), 0);
     }

@@ -6,8 +6,8 @@
 //!   registry blobs are `weenv_registry::RegistryRangeSource`.
 //! - [`plan`]: pure coalescing of frame misses into range requests.
 //! - [`link`]: the node's link scheduler: on-demand reads first, start-up prefetch and fill
-//!   below them (pure queue policy + async shell), promotion of prefetch requests a reader
-//!   waits for.
+//!   below them (pure queue policy + async shell); a reader takes the frames it needs out of
+//!   queued background requests (`Carve`).
 //! - [`frames`]: [`FrameStore`], the read path L1 -> L2 -> source with single flight per
 //!   frame and verification of every frame before it is cached or served.
 //! - [`cpu`]: background CPU and disk work at low priority (`SCHED_IDLE`/nice, ioprio) and

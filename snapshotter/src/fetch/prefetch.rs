@@ -7,11 +7,12 @@
 //! sends them while no on-demand fetch is in flight (nor was for
 //! `FillConfig::prefetch_quiet_ms`), a few at a time (`FillConfig::prefetch_concurrency`,
 //! `FillConfig::background_bytes`), so a command the profile did not record is not slowed
-//! down by it. An on-demand read of a frame a queued request claimed promotes that request (sent
-//! at once; single flight: the reader waits for the prefetch's copy, nothing is fetched
-//! twice). Requests are small (`FillConfig::prefetch_batch_bytes`), so a frame a reader waits
-//! for is published after its own request, not after the whole profile. Frames already in L2
-//! are skipped.
+//! down by it. An on-demand read of a frame a queued request claimed takes that frame out of
+//! the request ([`super::link::Carve`]): the reader fetches only it, at once, as demand, and
+//! the request sends the rest when the link admits it (single flight: nothing is fetched
+//! twice). A frame whose request is on the wire is waited for; requests are small
+//! (`FillConfig::prefetch_batch_bytes`), so that wait is short. Frames already in L2 are
+//! skipped.
 
 use super::fill::batches;
 use super::frames::{FrameStore, Priority};
@@ -191,10 +192,10 @@ mod tests {
     }
 
     /// The link's order, end to end through the store: a demand read goes while prefetch
-    /// requests are queued; a reader of a frame a queued prefetch request claimed promotes
-    /// that request (sent at once, fetched once); the rest of the prefetch waits.
+    /// requests are queued; a reader of a frame a queued prefetch request claimed takes it
+    /// (sent at once, fetched once); the rest of the prefetch waits.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn demand_goes_first_and_promotes_the_prefetch_request_it_waits_for() {
+    async fn demand_goes_first_and_takes_the_frame_it_waits_for_out_of_the_prefetch() {
         let (toc, blob, store, metrics, _dir) = six_file_store();
         let (src, gate) = MemSource::gated(blob);
         let s: Arc<dyn RangeSource> = src.clone();
@@ -228,7 +229,7 @@ mod tests {
             tokio::task::yield_now().await;
         }
         assert_eq!(src.requests(), vec![range(0)]);
-        // A reader of frame 3 promotes its request: sent now, ahead of frames 1 and 2.
+        // A reader of frame 3 takes it: sent now, ahead of frames 1 and 2.
         let third = read(3);
         while src.requests().len() < 2 {
             tokio::task::yield_now().await;
@@ -244,5 +245,70 @@ mod tests {
         assert_eq!(&reqs[..2], &[range(0), range(3)]);
         assert_eq!(progress.frames_done.load(Ordering::Relaxed), 3);
         assert_eq!(store.demand_in_flight(), 0);
+    }
+
+    /// A reader of a frame inside a queued multi-frame prefetch request gets that frame alone,
+    /// at once; the request, when the link admits it, sends only the frames left, without
+    /// bridging the hole where the reader's frame was.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_reader_takes_its_frame_out_of_a_queued_batch() {
+        let (toc, blob, store, metrics, _dir) = six_file_store();
+        let (src, gate) = MemSource::gated(blob);
+        let s: Arc<dyn RangeSource> = src.clone();
+        let range = |i: usize| (toc.frames[i].offset, toc.frames[i].clen);
+        let span = |a: usize, b: usize| {
+            (
+                toc.frames[a].offset,
+                toc.frames[b].offset + toc.frames[b].clen - toc.frames[a].offset,
+            )
+        };
+        let read = |i: u32| {
+            let (store, toc, s) = (store.clone(), toc.clone(), s.clone());
+            tokio::spawn(async move {
+                store
+                    .get_frames(&toc.frames, &s, &[FrameIdx(i)], Priority::OnDemand)
+                    .await
+            })
+        };
+        // Demand in flight: the prefetch's one batch (frames 1..=4, one request) queues.
+        let first = read(0);
+        while src.requests().is_empty() {
+            tokio::task::yield_now().await;
+        }
+        let progress = Arc::new(PrefetchProgress::default());
+        let prefetch = tokio::spawn(run_prefetch(
+            store.clone(),
+            toc.clone(),
+            s.clone(),
+            vec![FrameIdx(1), FrameIdx(2), FrameIdx(3), FrameIdx(4)],
+            u64::MAX,
+            progress.clone(),
+        ));
+        while store.claimed() < 5 {
+            tokio::task::yield_now().await;
+        }
+        // A reader of frame 3 fetches frame 3 only, now.
+        let third = read(3);
+        while src.requests().len() < 2 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(src.requests(), vec![range(0), range(3)]);
+        assert_eq!(metrics.link_promotions.load(Ordering::Relaxed), 1);
+        gate.add_permits(1000);
+        first.await.unwrap().unwrap();
+        third.await.unwrap().unwrap();
+        prefetch.await.unwrap();
+        // Then the batch without frame 3: two requests, nothing fetched twice.
+        let reqs = src.requests();
+        assert_eq!(reqs[..2], [range(0), range(3)]);
+        let mut rest = reqs[2..].to_vec();
+        rest.sort_unstable();
+        assert_eq!(rest, vec![span(1, 2), range(4)], "{reqs:?}");
+        assert_eq!(progress.frames_done.load(Ordering::Relaxed), 4);
+        for i in 0..5 {
+            assert!(store.l2().contains(&toc.frames[i].digest), "frame {i}");
+        }
+        assert_eq!(store.demand_in_flight(), 0);
+        assert_eq!(store.claimed(), 0);
     }
 }

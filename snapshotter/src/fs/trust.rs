@@ -305,8 +305,10 @@ pub fn frames_covering(starts: &[u64], from: u64, to: u64) -> std::ops::Range<us
 
 /// `frames` (a start-up profile) plus the frames holding the headers of the files whose data
 /// starts in them: a file whose data starts at a frame boundary has its header blocks at the
-/// end of the frame before, which its header check will need.
-pub fn with_header_frames(layer: &Layer, mut frames: Vec<FrameIdx>) -> Vec<FrameIdx> {
+/// end of the frame before, which its header check will need. The profile's order (the order
+/// its command first read them) is kept; each header frame goes just before the first frame
+/// that needs it.
+pub fn with_header_frames(layer: &Layer, frames: Vec<FrameIdx>) -> Vec<FrameIdx> {
     let wanted: std::collections::HashSet<FrameIdx> = frames.iter().copied().collect();
     let mut extra = std::collections::BTreeSet::new();
     for n in layer.table.ids() {
@@ -325,9 +327,14 @@ pub fn with_header_frames(layer: &Layer, mut frames: Vec<FrameIdx>) -> Vec<Frame
             }
         }
     }
-    frames.extend(extra);
-    frames.sort();
-    frames
+    let mut out = Vec::with_capacity(frames.len() + extra.len());
+    for f in frames {
+        if f.0 > 0 && extra.remove(&FrameIdx(f.0 - 1)) {
+            out.push(FrameIdx(f.0 - 1));
+        }
+        out.push(f);
+    }
+    out
 }
 
 /// Whether `node`'s header must still be checked before it is served or exposed.
@@ -588,6 +595,11 @@ mod tests {
         assert_eq!(c0.frame_offset, 0, "a large file's data starts a frame");
         let got = with_header_frames(&l, vec![c0.frame]);
         assert_eq!(got, vec![FrameIdx(c0.frame.0 - 1), c0.frame]);
+        // in the profile's order, not the blob's
+        let last = FrameIdx(l.frames.frames.len() as u32 - 1);
+        assert_ne!(last, c0.frame);
+        let got = with_header_frames(&l, vec![last, c0.frame]);
+        assert_eq!(got, vec![last, FrameIdx(c0.frame.0 - 1), c0.frame]);
         // the header frame is where the entry's header is
         let e = l.toc_entry(big).unwrap();
         let starts = l.frames.stream_offsets();
