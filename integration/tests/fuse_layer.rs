@@ -303,13 +303,24 @@ fn root_lists_layers_and_remove_readd_work() -> Result<()> {
     let (d1, d2) = (fx.add(&l1)?, fx.add(&l2)?);
     ensure!(fx.add(&l1)? == d1, "add_layer is idempotent");
     let mnt = fx.store.mountpoint().to_path_buf();
-    let names: BTreeSet<String> = std::fs::read_dir(&mnt)?
-        .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
-        .collect::<std::io::Result<_>>()?;
+    // The kernel caches directory listings for the whole session (OPENDIR is answered
+    // ENOSYS); the root's cached listing is dropped whenever a layer comes or goes.
+    let list = || -> Result<BTreeSet<String>> {
+        Ok(std::fs::read_dir(&mnt)?
+            .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
+            .collect::<std::io::Result<_>>()?)
+    };
+    let names = list()?;
     let want: BTreeSet<String> = [l1.digest.hex().to_string(), l2.digest.hex().to_string()].into();
     ensure!(names == want, "root lists {names:?}");
+    ensure!(list()? == want, "cached root listing");
     ensure!(std::fs::read(d2.join("b"))? == b"B\n");
     fx.store.remove_layer(&l2.digest)?;
+    let names = list()?;
+    ensure!(
+        names == [l1.digest.hex().to_string()].into(),
+        "root lists {names:?} after a remove"
+    );
     ensure!(!fx.store.has_layer(&l2.digest));
     ensure!(
         std::fs::metadata(d2.join("b")).is_err(),
@@ -320,6 +331,7 @@ fn root_lists_layers_and_remove_readd_work() -> Result<()> {
         "second remove is NotFound"
     );
     let again = fx.add(&l2)?;
+    ensure!(list()? == want, "root lists both again after the re-add");
     ensure!(
         again == d2 && std::fs::read(d2.join("b"))? == b"B\n",
         "re-added layer works"

@@ -558,6 +558,7 @@ impl LayerStore {
                 }
             }
         };
+        self.root_changed();
         let native = self.cfg.fill.native && self.st.store.l2().has_native(digest);
         if native {
             // Built before a restart: the layer was complete and verified (the store's
@@ -793,6 +794,20 @@ impl LayerStore {
             .collect()
     }
 
+    /// The mount root's listing changed (a layer came or went): the kernel caches directory
+    /// listings for the whole session (see `WeenvFs::opendir`), so the root inode's cached
+    /// listing and attributes are dropped.
+    fn root_changed(&self) {
+        if let Some(n) = &self.notifier {
+            if let Err(e) = n.inval_inode(INodeNo(ROOT_INO), 0, 0) {
+                // ENOENT: the kernel has no inode for the root cached yet (nothing to drop).
+                if e.raw_os_error() != Some(libc::ENOENT) {
+                    tracing::debug!(error = %e, "invalidating the mount root's listing failed");
+                }
+            }
+        }
+    }
+
     /// True if `digest` is exposed.
     pub fn has_layer(&self, digest: &Digest) -> bool {
         let g = self.st.layers.read();
@@ -821,6 +836,7 @@ impl LayerStore {
         if let Some(n) = &self.notifier {
             let _ = n.inval_entry(INodeNo(ROOT_INO), OsStr::new(digest.hex()));
         }
+        self.root_changed();
         self.st.store.l2().remove_layer_files(digest);
         // No snapshot names the layer any more (the caller checked), so neither its tree.
         self.st.store.l2().remove_native(digest);

@@ -127,6 +127,9 @@ pub struct Metrics {
     pub native_layers: AtomicU64,
     fuse_ops: [AtomicU64; 13],
     fuse_errors: [AtomicU64; 13],
+    /// Per operation: microseconds from the request's handler to its reply (async reads
+    /// included: the time the kernel's caller waited in the daemon).
+    fuse_micros: [AtomicU64; 13],
     /// Fetch latency (seconds), a prometheus-client histogram (shared, cheap to clone).
     latency: Histogram,
     /// Observations of `latency` (its count is not readable outside prometheus-client tests).
@@ -157,6 +160,7 @@ impl Default for Metrics {
             native_layers: AtomicU64::default(),
             fuse_ops: Default::default(),
             fuse_errors: Default::default(),
+            fuse_micros: Default::default(),
             latency: Histogram::new(LATENCY_BUCKETS),
             latency_count: AtomicU64::default(),
         }
@@ -182,6 +186,7 @@ impl Metrics {
             metrics: Holder::Borrowed(self),
             op,
             failed: false,
+            started: std::time::Instant::now(),
         }
     }
 
@@ -193,6 +198,7 @@ impl Metrics {
             metrics: Holder::Owned(Arc::clone(self)),
             op,
             failed: false,
+            started: std::time::Instant::now(),
         }
     }
 
@@ -204,6 +210,11 @@ impl Metrics {
     /// Number of `op` requests so far.
     pub fn fuse_op_count(&self, op: FuseOp) -> u64 {
         self.fuse_ops[op.index()].load(Ordering::Relaxed)
+    }
+
+    /// Microseconds spent answering `op` requests so far.
+    pub fn fuse_op_micros(&self, op: FuseOp) -> u64 {
+        self.fuse_micros[op.index()].load(Ordering::Relaxed)
     }
 
     /// Number of `op` errors so far.
@@ -335,6 +346,12 @@ impl Metrics {
             "FUSE requests answered with an error.",
             "op",
             by_op(&self.fuse_errors),
+        );
+        e.counter_family(
+            "weenv_fuse_op_microseconds_total",
+            "Time from a FUSE request's handler to its reply, by operation (async reads: until their frames arrived).",
+            "op",
+            by_op(&self.fuse_micros),
         );
         e.histogram(
             "weenv_fetch_latency_seconds",
@@ -518,6 +535,7 @@ pub struct OpGuard<'a> {
     metrics: Holder<'a>,
     op: FuseOp,
     failed: bool,
+    started: std::time::Instant,
 }
 
 /// The metrics an [`OpGuard`] counts into: borrowed for replies sent from the FUSE thread,
@@ -536,12 +554,15 @@ impl OpGuard<'_> {
 
 impl Drop for OpGuard<'_> {
     fn drop(&mut self) {
+        let m = match &self.metrics {
+            Holder::Borrowed(m) => *m,
+            Holder::Owned(m) => m,
+        };
         if self.failed {
-            match &self.metrics {
-                Holder::Borrowed(m) => m.op_error(self.op),
-                Holder::Owned(m) => m.op_error(self.op),
-            }
+            m.op_error(self.op);
         }
+        let us = u64::try_from(self.started.elapsed().as_micros()).unwrap_or(u64::MAX);
+        m.fuse_micros[self.op.index()].fetch_add(us, Ordering::Relaxed);
     }
 }
 
@@ -564,6 +585,14 @@ mod tests {
         std::thread::spawn(move || moved.fail()).join().ok();
         assert_eq!(shared.fuse_op_count(FuseOp::Read), 1);
         assert_eq!(shared.fuse_error_count(FuseOp::Read), 1);
+        {
+            let _slow = shared.op(FuseOp::Getxattr);
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        assert!(shared.fuse_op_micros(FuseOp::Getxattr) >= 2000);
+        assert!(shared
+            .render()
+            .contains("weenv_fuse_op_microseconds_total{op=\"getxattr\"}"));
         let text = m.render();
         assert!(text.contains("weenv_cache_l1_hits_total 3"));
         assert!(text.contains("weenv_fuse_errors_total{op=\"read\"} 1"));

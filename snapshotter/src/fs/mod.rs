@@ -160,7 +160,9 @@ impl Filesystem for WeenvFs {
             });
             return;
         }
-        match self.st.lookup_name(parent.0, name) {
+        let res = self.st.lookup_name(parent.0, name);
+        tracing::trace!(parent = parent.0, ?name, ok = res.is_ok(), "lookup");
+        match res {
             Ok((attr, ttl)) => reply.entry(&ttl, &attr, Generation(0)),
             // Layer content never changes: let the kernel cache the absence (node id 0 with a
             // timeout). overlayfs looks every name up in each lower below the one holding it.
@@ -416,22 +418,16 @@ impl Filesystem for WeenvFs {
         reply.ok();
     }
 
+    /// Layer directories never change, so OPENDIR is answered ENOSYS: the kernel then stops
+    /// sending OPENDIR and RELEASEDIR for the whole session (two round trips per directory
+    /// open: ~700 per container on the harness import) and opens every directory with
+    /// `FOPEN_KEEP_CACHE | FOPEN_CACHE_DIR`, so listings stay cached. The mount root's listing
+    /// changes as layers come and go: [`crate::layers::LayerStore`] invalidates the root inode
+    /// (its cached listing) on every add and remove.
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         let mut op = self.st.metrics.op(FuseOp::Opendir);
-        match self.st.attr(ino.0) {
-            Ok((a, _)) if a.kind == fuser::FileType::Directory => {
-                // Layer directories never change: let the kernel cache their listings.
-                let flags = if ino.0 == ROOT_INO {
-                    FopenFlags::empty()
-                } else {
-                    FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE
-                };
-                reply.opened(FileHandle(0), flags);
-            }
-            Ok(_) => {
-                op.fail();
-                reply.error(Errno::ENOTDIR);
-            }
+        match ops::opendir_answer(self.st.attr(ino.0).map(|(a, _)| a.kind)) {
+            Ok(()) => reply.error(Errno::ENOSYS),
             Err(e) => {
                 op.fail();
                 reply.error(e);

@@ -129,6 +129,16 @@ pub fn negative_attr() -> FileAttr {
     }
 }
 
+/// The answer to OPENDIR of an inode of kind `kind`: `Ok` for a directory (replied ENOSYS,
+/// see `WeenvFs::opendir`: no OPENDIR/RELEASEDIR for the rest of the session, listings cached
+/// by the kernel), else the error. Pure.
+pub fn opendir_answer(kind: Result<FileType, Errno>) -> Result<(), Errno> {
+    match kind? {
+        FileType::Directory => Ok(()),
+        _ => Err(Errno::ENOTDIR),
+    }
+}
+
 /// Copies the bytes named by `chunks` out of `frames` (aligned with `idxs`) into one buffer.
 /// Pure. Chunks must be clipped (see `Entry::chunks_in`) and in file order.
 pub fn assemble(
@@ -573,6 +583,16 @@ mod tests {
             frame_offset,
             len,
         }
+    }
+
+    #[test]
+    fn opendir_answers_directories_only() {
+        assert_eq!(opendir_answer(Ok(FileType::Directory)), Ok(()));
+        assert_eq!(
+            opendir_answer(Ok(FileType::RegularFile)),
+            Err(Errno::ENOTDIR)
+        );
+        assert_eq!(opendir_answer(Err(Errno::ENOENT)), Err(Errno::ENOENT));
     }
 
     #[test]
