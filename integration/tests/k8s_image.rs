@@ -587,9 +587,13 @@ fn daemonset_image_runs_on_a_node() -> Result<()> {
         "the keeper did not take the session on the daemon's SIGTERM; keeper log:\n{}\ndaemon log:\n{log}",
         node.log("keeper")
     );
-    // The keeper is its container's pid 1 and has no SIGTERM handler, so the kernel ignores
-    // SIGTERM: it ends by SIGKILL after its grace period (5 s), which ends the session it holds.
-    node.stop("keeper", grace(kds))?;
+    // The keeper is its container's pid 1: it must handle SIGTERM itself to end before its
+    // grace period (5 s) runs out; ending, it ends the session it holds.
+    let (by_term, log) = node.stop("keeper", grace(kds))?;
+    assert!(
+        by_term,
+        "the keeper (pid 1) did not exit on SIGTERM; log:\n{log}"
+    );
     node.ctd().ctr_ok(&["images", "rm", &reference])?;
 
     // Nothing left: tasks, processes, mounts.

@@ -42,6 +42,37 @@ enum Cmd {
     },
 }
 
+/// A keeper that is its container's pid 1 (the weenv-fuse-keeper DaemonSet) ends on SIGTERM
+/// and SIGINT as it does elsewhere by their default action: the kernel ignores signals that
+/// pid 1 does not handle, so a deleted keeper pod would otherwise wait its grace period for
+/// SIGKILL. Either way the session it holds ends with the process.
+fn exit_on_term_as_pid1() {
+    use nix::sys::signal::{SigSet, Signal};
+    if std::process::id() != 1 {
+        return;
+    }
+    let mut set = SigSet::empty();
+    set.add(Signal::SIGTERM);
+    set.add(Signal::SIGINT);
+    // Blocked here, before the keeper starts its threads (they inherit the mask), and taken
+    // by the waiting thread below.
+    if let Err(e) = set.thread_block() {
+        tracing::warn!(error = %e, "cannot block SIGTERM: the keeper stops only by SIGKILL");
+        return;
+    }
+    let spawned = std::thread::Builder::new()
+        .name("keeper-signals".into())
+        .spawn(move || {
+            if let Ok(sig) = set.wait() {
+                tracing::info!(signal = %sig, "keeper stopped by a signal");
+                std::process::exit(128 + sig as i32);
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::warn!(error = %e, "cannot wait for SIGTERM: the keeper stops only by SIGKILL");
+    }
+}
+
 /// Runs the keeper (the config gives defaults).
 fn keeper(
     cfg: &Config,
@@ -52,6 +83,7 @@ fn keeper(
     use weenv_snapshotter::handover::keeper;
     let socket = socket.unwrap_or_else(|| cfg.keeper_socket());
     let timeout = std::time::Duration::from_secs(timeout.unwrap_or(cfg.fuse.keeper_timeout_secs));
+    exit_on_term_as_pid1();
     let res = keeper::bind(&socket).and_then(|l| {
         tracing::info!(socket = %socket.display(), pid = std::process::id(), "FUSE session keeper listening");
         keeper::run(l, timeout, exit_when_idle)
