@@ -136,9 +136,27 @@ pub struct RunArgs {
     /// create, start, exit, cleanup).
     #[arg(short = 'v', long)]
     pub timings: bool,
+    /// CPU quota of the container in cores (like `ctr run --cpus`).
+    #[arg(long)]
+    pub cpus: Option<f64>,
+    /// Memory limit of the container in bytes (like `ctr run --memory-limit`).
+    #[arg(long)]
+    pub memory_limit: Option<i64>,
+    /// OCI annotation of the container, `KEY=VALUE` (repeatable), e.g.
+    /// `io.weenv.elastic=false` for the weenv shim's fixed quota.
+    #[arg(long = "annotation", value_parser = parse_annotation)]
+    pub annotations: Vec<(String, String)>,
     /// Command (default: the image's).
     #[arg(last = true)]
     pub cmd: Vec<String>,
+}
+
+/// `KEY=VALUE` of `--annotation`.
+fn parse_annotation(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
+        _ => Err(format!("{s:?} is not KEY=VALUE")),
+    }
 }
 
 /// The config `--config` names (it must exist), else the default path if it exists, else
@@ -255,6 +273,11 @@ pub async fn run(cli: Cli) -> Result<()> {
                 runtime: a.runtime,
                 id: a.id,
                 mounts: a.mounts,
+                limits: crate::run::Limits {
+                    cpus: a.cpus,
+                    memory_bytes: a.memory_limit,
+                    annotations: a.annotations.into_iter().collect(),
+                },
                 cmd: a.cmd,
                 keep: a.keep,
                 stdio: crate::run::stdio::StdioMode::Inherit,

@@ -12,10 +12,13 @@
 //! Needs root, ip/tc/nsenter, containerd, runc, fuse, docker-registry, skopeo, umoci, and a
 //! TrueType font for the plot's text (`$WEENV_FONT`, default DejaVu Sans).
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use plotters::prelude::*;
 use std::time::Duration;
 use weenv_integration::cluster::{prepare_image, Cluster, ClusterOptions};
+
+#[path = "plot_util.rs"]
+mod plot_util;
 
 #[derive(Clone, Copy, Debug)]
 struct Row {
@@ -97,15 +100,7 @@ fn table(rows: &[Row]) -> String {
 }
 
 fn plot(rows: &[Row], out: &str) -> Result<()> {
-    let font = std::env::var("WEENV_FONT")
-        .unwrap_or_else(|_| "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf".into());
-    let bytes: &'static [u8] = Box::leak(
-        std::fs::read(&font)
-            .with_context(|| format!("reading font {font} (set WEENV_FONT)"))?
-            .into_boxed_slice(),
-    );
-    plotters::style::register_font("sans-serif", FontStyle::Normal, bytes)
-        .map_err(|_| anyhow::anyhow!("bad font {font}"))?;
+    plot_util::register_font()?;
     let root = BitMapBackend::new(out, (1100, 450)).into_drawing_area();
     root.fill(&WHITE)?;
     let (left, right) = root.split_horizontally(550);
@@ -143,10 +138,7 @@ fn plot(rows: &[Row], out: &str) -> Result<()> {
             .label(name)
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
         }
-        ch.configure_series_labels()
-            .border_style(BLACK)
-            .background_style(WHITE)
-            .draw()?;
+        plot_util::legend(&mut ch, SeriesLabelPosition::MiddleRight)?;
     }
     {
         let top = rows.iter().map(|r| r.max.as_secs_f64()).fold(1.0, f64::max) * 1.1;
@@ -176,10 +168,7 @@ fn plot(rows: &[Row], out: &str) -> Result<()> {
                 color.stroke_width(1),
             ))?;
         }
-        ch.configure_series_labels()
-            .border_style(BLACK)
-            .background_style(WHITE)
-            .draw()?;
+        plot_util::legend(&mut ch, SeriesLabelPosition::MiddleRight)?;
     }
     root.present()?;
     Ok(())

@@ -471,6 +471,7 @@ async fn weenv_run(
             "type=bind,src={},dst=/out,options=rbind:rw",
             out.display()
         )],
+        limits: Default::default(),
         cmd: cmd.iter().map(|s| s.to_string()).collect(),
         keep: false,
         stdio: weenv_cli::run::stdio::StdioMode::Output,

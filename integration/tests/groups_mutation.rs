@@ -238,6 +238,7 @@ fn opts(
             "type=bind,src={},dst=/out,options=rbind:rw",
             out.display()
         )],
+        limits: Default::default(),
         cmd: vec!["/bin/sh".into(), "-c".into(), LIST.into()],
         keep: false,
         stdio: weenv_cli::run::stdio::StdioMode::Output,

@@ -28,6 +28,19 @@ pub struct LayerView {
     pub toc_bytes: u64,
     pub bytes_total: u64,
     pub bytes_cached: u64,
+    /// Compressed bytes of the cached frames (what fetching them cost on the link).
+    #[serde(default)]
+    pub bytes_fetched: u64,
+    /// Of `bytes_fetched`, what the background fill fetched.
+    #[serde(default)]
+    pub bytes_filled: u64,
+    /// Of `bytes_fetched`, what the start-up prefetch (image profile) fetched.
+    #[serde(default)]
+    pub bytes_prefetched: u64,
+    /// File bytes read from the layer since it was mounted or the profile was last reset
+    /// (chunk granularity; a passthrough open counts the whole file).
+    #[serde(default)]
+    pub bytes_read: u64,
     pub frames_total: u64,
     pub frames_cached: u64,
     /// `disabled`, `pending`, `running`, `done`, `failed`.
@@ -334,6 +347,10 @@ mod tests {
                 toc_bytes: 1 << 20,
                 bytes_total: 2 << 20,
                 bytes_cached: 1 << 20,
+                bytes_fetched: 400_000,
+                bytes_filled: 100_000,
+                bytes_prefetched: 50_000,
+                bytes_read: 300_000,
                 frames_total: 2,
                 frames_cached: 1,
                 fill: "running".into(),

@@ -121,6 +121,15 @@ pub struct LayerStatus {
     pub bytes_total: u64,
     /// Uncompressed bytes of the frames in L2.
     pub bytes_cached: u64,
+    /// Compressed (blob) bytes of the frames in L2: what fetching them cost on the link.
+    pub bytes_fetched: u64,
+    /// Of those, compressed bytes the background fill fetched.
+    pub bytes_filled: u64,
+    /// Of those, compressed bytes the start-up prefetch fetched.
+    pub bytes_prefetched: u64,
+    /// File bytes read from the layer since it was added or the access log was reset
+    /// (chunk granularity, see [`Layer::bytes_read`]).
+    pub bytes_read: u64,
     pub frames_total: usize,
     pub frames_cached: usize,
     pub fill: FillState,
@@ -851,13 +860,14 @@ impl LayerStore {
         layers
             .iter()
             .map(|l| {
-                let (mut frames_cached, mut bytes_cached) = (0, 0);
+                let (mut frames_cached, mut bytes_cached, mut bytes_fetched) = (0, 0, 0);
                 let native = l.native_ok() && l2.has_native(&l.digest);
                 for f in &l.frames.frames {
                     // A native layer holds every byte in its tree (its frames are dropped).
                     if native || l2.contains(&f.digest) {
                         frames_cached += 1;
                         bytes_cached += f.ulen;
+                        bytes_fetched += f.clen;
                     }
                 }
                 LayerStatus {
@@ -867,6 +877,10 @@ impl LayerStore {
                     toc_bytes: l.toc_bytes(),
                     bytes_total: l.bytes_total(),
                     bytes_cached,
+                    bytes_fetched,
+                    bytes_filled: l.fill.bytes_fetched.load(Ordering::Relaxed),
+                    bytes_prefetched: l.prefetch.bytes_fetched.load(Ordering::Relaxed),
+                    bytes_read: l.bytes_read(),
                     frames_total: l.frames.frames.len(),
                     frames_cached,
                     fill: l.fill.state(),

@@ -74,6 +74,10 @@ pub fn report(
             toc_bytes: l.toc_bytes,
             bytes_total: l.bytes_total,
             bytes_cached: l.bytes_cached,
+            bytes_fetched: l.bytes_fetched,
+            bytes_filled: l.bytes_filled,
+            bytes_prefetched: l.bytes_prefetched,
+            bytes_read: l.bytes_read,
             frames_total: l.frames_total as u64,
             frames_cached: l.frames_cached as u64,
             fill: serde_json::to_value(l.fill)

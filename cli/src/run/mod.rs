@@ -20,6 +20,7 @@ pub mod container;
 pub mod image;
 pub mod rootfs;
 pub mod spec;
+pub use spec::Limits;
 pub mod stdio;
 
 use crate::pull::{Ctd, PullError};
@@ -107,6 +108,8 @@ pub struct RunOptions {
     pub id: Option<String>,
     /// Extra mounts, ctr-style specs (`type=bind,src=/a,dst=/b,options=rbind:rw`).
     pub mounts: Vec<String>,
+    /// CPU quota, memory limit and annotations of the container (default: none).
+    pub limits: Limits,
     /// Command (default: the image's entrypoint/cmd).
     pub cmd: Vec<String>,
     /// Keep the container (and its stopped task) after the task exits.
@@ -266,6 +269,7 @@ pub struct ContainerRun<'a> {
     pub cmd: &'a [String],
     /// ctr-style mount specs.
     pub mounts: &'a [String],
+    pub limits: &'a Limits,
     /// At-init mutation and its patch bytes.
     pub mutation: Option<(&'a Mutation, Option<&'a [u8]>)>,
     pub stdio: StdioMode,
@@ -401,6 +405,7 @@ async fn create_leased(
                 cmd: r.cmd,
                 mounts: extra,
                 users,
+                limits: r.limits.clone(),
             },
         )?;
         Ok(ContainerRecord {
@@ -602,6 +607,7 @@ pub async fn compose_and_start(
         runtime: o.runtime.as_deref().unwrap_or(DEFAULT_RUNTIME),
         cmd: &o.cmd,
         mounts: &o.mounts,
+        limits: &o.limits,
         mutation: plan.init_mutation().map(|m| (m, patch.as_deref())),
         stdio: o.stdio,
     };

@@ -11,10 +11,10 @@
 
 use oci_spec::image::ImageConfiguration;
 use oci_spec::runtime::{
-    Capability, LinuxBuilder, LinuxCapabilitiesBuilder, LinuxDeviceCgroup,
-    LinuxDeviceCgroupBuilder, LinuxDeviceType, LinuxNamespaceBuilder, LinuxNamespaceType,
-    LinuxResourcesBuilder, Mount, MountBuilder, PosixRlimitBuilder, PosixRlimitType,
-    ProcessBuilder, RootBuilder, Spec, SpecBuilder, UserBuilder,
+    Capability, LinuxBuilder, LinuxCapabilitiesBuilder, LinuxCpuBuilder, LinuxDeviceCgroup,
+    LinuxDeviceCgroupBuilder, LinuxDeviceType, LinuxMemoryBuilder, LinuxNamespaceBuilder,
+    LinuxNamespaceType, LinuxResourcesBuilder, Mount, MountBuilder, PosixRlimitBuilder,
+    PosixRlimitType, ProcessBuilder, RootBuilder, Spec, SpecBuilder, UserBuilder,
 };
 use std::collections::HashMap;
 use thiserror::Error;
@@ -291,6 +291,22 @@ pub fn resolve_user(user: &str, db: &UserDb) -> Result<(u32, u32, Vec<u32>), Spe
     Ok((uid, gid, gids))
 }
 
+/// Resource limits and annotations of a container, as `ctr run --cpus/--memory-limit/
+/// --annotation` set them (the weenv shim reads the limits as the container's request and
+/// `io.weenv.*` annotations as its elastic policy).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Limits {
+    /// CPU quota in cores (CFS quota = cores × the 100 ms period).
+    pub cpus: Option<f64>,
+    /// Memory limit in bytes.
+    pub memory_bytes: Option<i64>,
+    /// OCI annotations of the runtime spec.
+    pub annotations: HashMap<String, String>,
+}
+
+/// CFS period `ctr run --cpus` uses (µs).
+const CPU_PERIOD_US: u64 = 100_000;
+
 /// What the runtime spec is built from besides the image config.
 #[derive(Clone, Debug, Default)]
 pub struct SpecInput<'a> {
@@ -302,6 +318,7 @@ pub struct SpecInput<'a> {
     pub mounts: Vec<Mount>,
     /// The image's users and groups.
     pub users: UserDb,
+    pub limits: Limits,
 }
 
 /// The runtime spec of a container of an image with config `cfg`.
@@ -383,11 +400,7 @@ pub fn build_spec(cfg: &ImageConfiguration, input: &SpecInput<'_>) -> Result<Spe
             "/proc/sysrq-trigger",
         ]))
         .cgroups_path(format!("/{}/{}", input.namespace, input.id))
-        .resources(
-            LinuxResourcesBuilder::default()
-                .devices(device_rules()?)
-                .build()?,
-        )
+        .resources(resources(&input.limits)?)
         .namespaces(namespaces)
         .build()?;
     let mut mounts = default_mounts()?;
@@ -405,10 +418,27 @@ pub fn build_spec(cfg: &ImageConfiguration, input: &SpecInput<'_>) -> Result<Spe
         .process(process)
         .mounts(mounts)
         .linux(linux)
-        .annotations(HashMap::new())
+        .annotations(input.limits.annotations.clone())
         .build()?;
     spec.set_hostname(None);
     Ok(spec)
+}
+
+/// The container's cgroup resources: the device rules, and CPU quota and memory limit when set.
+fn resources(l: &Limits) -> Result<oci_spec::runtime::LinuxResources, SpecError> {
+    let mut b = LinuxResourcesBuilder::default().devices(device_rules()?);
+    if let Some(c) = l.cpus {
+        b = b.cpu(
+            LinuxCpuBuilder::default()
+                .quota((c * CPU_PERIOD_US as f64).round() as i64)
+                .period(CPU_PERIOD_US)
+                .build()?,
+        );
+    }
+    if let Some(m) = l.memory_bytes {
+        b = b.memory(LinuxMemoryBuilder::default().limit(m).build()?);
+    }
+    Ok(b.build()?)
 }
 
 /// The spec as containerd stores it in a container record.
@@ -449,7 +479,30 @@ mod tests {
             cmd,
             mounts: vec![],
             users,
+            limits: Limits::default(),
         }
+    }
+
+    #[test]
+    fn limits_are_ctr_runs_cpus_memory_and_annotations() {
+        let cfg = config(r#"{"Cmd":["x"]}"#);
+        let v = serde_json::to_value(build_spec(&cfg, &input(&[], UserDb::default())).unwrap())
+            .unwrap();
+        assert!(v["linux"]["resources"].get("cpu").is_none(), "{v}");
+        assert!(v["linux"]["resources"].get("memory").is_none(), "{v}");
+        let mut i = input(&[], UserDb::default());
+        i.limits = Limits {
+            cpus: Some(0.25),
+            memory_bytes: Some(512 << 20),
+            annotations: [("io.weenv.elastic".to_string(), "false".to_string())].into(),
+        };
+        let v = serde_json::to_value(build_spec(&cfg, &i).unwrap()).unwrap();
+        let r = &v["linux"]["resources"];
+        assert_eq!(r["cpu"]["quota"], 25_000);
+        assert_eq!(r["cpu"]["period"], 100_000);
+        assert_eq!(r["memory"]["limit"], 512 << 20);
+        assert_eq!(v["annotations"]["io.weenv.elastic"], "false");
+        assert!(r["devices"].as_array().is_some_and(|d| !d.is_empty()));
     }
 
     #[test]

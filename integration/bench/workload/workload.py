@@ -6,8 +6,24 @@
                                          revert passes them (run in a chroot of the base +
                                          evaluator); writes OUT/tasks.json
   workload.py oci-image LAYOUT TAG CONFIG.json LAYER.tar.gz...   add an image to an OCI layout
-  workload.py plans WORKLOAD.json REGISTRY OUTDIR [--pre-applied]  render plan files
+  workload.py plans WORKLOAD.json REGISTRY OUTDIR [--pre-applied] [--suffix=S]  render plan
+                                         files (S: appended to the base, harness and evaluator tags)
   workload.py table WORKLOAD.json REGISTRY   Table 1: artifacts and stored bytes per strategy
+Used by integration/bench/rollout.sh:
+  workload.py env-layers WORKLOAD.json REGISTRY KIND   "task harness digest,..." per environment:
+                                         the layers of its plan's groups (KIND plans) or of its
+                                         weenv-converted bundle (KIND bundles-weenv)
+  workload.py env-bytes LAYERS PAIRS BEFORE.json AFTER.json   per environment of PAIRS (the
+                                         iteration's "task harness expected" lines): registry
+                                         bytes (on demand + prefetch; fill) and read bytes of
+                                         its layers from the daemon's /status
+                                         before/after the iteration, each layer shared equally
+                                         among the environments that use it
+  workload.py profile-groups WORKLOAD.json REGISTRY SUFFIX REF=GROUP...   republish groups with
+                                         the prefetch annotations of profiled images: for each
+                                         REF (a `weenv-convert prefetch` output), the layers of
+                                         GROUP (base, evaluator, harness:vN) get REF's layer
+                                         annotations; pushed as the group's tag + SUFFIX
 """
 
 import base64
@@ -239,9 +255,15 @@ def describe(tasks_json, bundles_weenv, install):
     json.dump(w, sys.stdout, indent=1)
 
 
-def plan_text(w, reg, task, h, pre_applied, patch_rel):
+def plan_groups(w, t, h, suffix=""):
+    """The plan's group references (no host), bottom to top; SUFFIX is appended to the tags of
+    the base, harness and evaluator groups (their profiled copies, see profile-groups)."""
+    return [w["base"] + suffix, w["repos"][t["repo"]], w["harnesses"][h] + suffix, w["evaluator"] + suffix]
+
+
+def plan_text(w, reg, task, h, pre_applied, patch_rel, suffix=""):
     t = task
-    groups = [w["base"], w["repos"][t["repo"]], w["harnesses"][h], w["evaluator"]]
+    groups = plan_groups(w, t, h, suffix)
     lines = ["version = 1", "groups = ["]
     lines += [f'  "{reg}/{g}",' for g in groups]
     lines.append("]")
@@ -260,7 +282,7 @@ def plan_text(w, reg, task, h, pre_applied, patch_rel):
     return "\n".join(lines)
 
 
-def cmd_plans(wpath, reg, outdir, pre_applied=False):
+def cmd_plans(wpath, reg, outdir, pre_applied=False, suffix=""):
     """One plan per task x harness: base, repository, harness, evaluator + the task's mutation."""
     with open(wpath) as f:
         w = json.load(f)
@@ -271,8 +293,111 @@ def cmd_plans(wpath, reg, outdir, pre_applied=False):
             p = os.path.join(outdir, f"{t['id']}--{h}.toml")
             rel = os.path.relpath(os.path.join(wdir, t["patch"]), outdir)
             with open(p, "w") as f:
-                f.write(plan_text(w, reg, t, h, pre_applied, rel))
+                f.write(plan_text(w, reg, t, h, pre_applied, rel, suffix))
             print(p)
+
+
+MANIFEST_TYPES = ",".join([
+    "application/vnd.oci.image.manifest.v1+json", "application/vnd.docker.distribution.manifest.v2+json"])
+
+
+def get_manifest(reg, ref):
+    """(body bytes, media type) of a manifest in a plain-HTTP registry."""
+    repo, tag = ref.rsplit(":", 1)
+    req = urllib.request.Request(f"http://{reg}/v2/{repo}/manifests/{tag}", headers={"Accept": MANIFEST_TYPES})
+    with urllib.request.urlopen(req) as r:
+        return r.read(), r.headers.get("Content-Type")
+
+
+def put_manifest(reg, ref, body, media_type):
+    repo, tag = ref.rsplit(":", 1)
+    req = urllib.request.Request(f"http://{reg}/v2/{repo}/manifests/{tag}", data=body, method="PUT",
+                                 headers={"Content-Type": media_type})
+    with urllib.request.urlopen(req) as r:
+        r.read()
+
+
+def cmd_env_layers(wpath, reg, kind):
+    with open(wpath) as f:
+        w = json.load(f)
+    cache = {}
+
+    def layers(ref):
+        if ref not in cache:
+            cache[ref] = [l["digest"] for l in json.loads(get_manifest(reg, ref)[0])["layers"]]
+        return cache[ref]
+
+    for t in w["tasks"]:
+        for h in sorted(w["harnesses"]):
+            if kind == "plans":
+                ds = [d for g in plan_groups(w, t, h) for d in layers(g)]
+            elif kind == "bundles-weenv":
+                ds = layers(w["bundles_weenv"][t["id"]][h])
+            else:
+                raise SystemExit(f"unknown kind {kind}")
+            print(t["id"], h, ",".join(ds))
+
+
+def cmd_env_bytes(layers_path, pairs_path, before_path, after_path):
+    """One line per environment of the iteration: fetched (on demand + start-up prefetch),
+    filled (background fill) and read bytes."""
+    lay = {}
+    with open(layers_path) as f:
+        for line in f:
+            t, h, ds = line.split()
+            lay[(t, h)] = ds.split(",")
+    with open(pairs_path) as f:
+        pairs = [tuple(line.split()[:2]) for line in f if line.strip()]
+
+    def per_layer(p):
+        try:
+            with open(p) as f:
+                st = json.load(f)
+        except (OSError, ValueError):
+            return {}
+        return {l["digest"]: l for l in st.get("layers", [])}
+
+    before, after = per_layer(before_path), per_layer(after_path)
+    users = {}
+    for pr in pairs:
+        for d in set(lay.get(pr, [])):
+            users[d] = users.get(d, 0) + 1
+    for pr in pairs:
+        fetched = filled = read = 0.0
+        for d in set(lay.get(pr, [])):
+            a = after.get(d)
+            if a is None:
+                continue
+            b = before.get(d, {})
+            delta = lambda k: max(0, a.get(k, 0) - b.get(k, 0))  # noqa: E731
+            fill = min(delta("bytes_fetched"), delta("bytes_filled"))
+            fetched += (delta("bytes_fetched") - fill) / users[d]
+            filled += fill / users[d]
+            read += a.get("bytes_read", 0) / users[d]
+        print(int(fetched), int(filled), int(read))
+
+
+def cmd_profile_groups(wpath, reg, suffix, pairs):
+    with open(wpath) as f:
+        w = json.load(f)
+    names = {"base": w["base"], "evaluator": w["evaluator"]}
+    names.update({f"harness:{h}": r for h, r in w["harnesses"].items()})
+    for pair in pairs:
+        ref, groups = pair.split("=", 1)
+        ann = {l["digest"]: l.get("annotations", {}) for l in json.loads(get_manifest(reg, ref)[0])["layers"]}
+        for g in groups.split(","):
+            gref = names[g]
+            body, mt = get_manifest(reg, gref)
+            m = json.loads(body)
+            n = 0
+            for l in m["layers"]:
+                a = {k: v for k, v in ann.get(l["digest"], {}).items() if "prefetch" in k}
+                if a:
+                    l.setdefault("annotations", {}).update(a)
+                    n += 1
+            put_manifest(reg, gref + suffix, json.dumps(m, separators=(",", ":")).encode(), mt)
+            print(f"{gref + suffix}: prefetch annotations on {n}/{len(m['layers'])} layers (from {ref})",
+                  file=sys.stderr)
 
 
 def registry_blobs(reg, ref):
@@ -349,7 +474,14 @@ def main():
     elif c == "oci-image":
         cmd_oci_image(a[1], a[2], a[3], a[4:])
     elif c == "plans":
-        cmd_plans(a[1], a[2], a[3], "--pre-applied" in a[4:])
+        suffix = next((x.split("=", 1)[1] for x in a[4:] if x.startswith("--suffix=")), "")
+        cmd_plans(a[1], a[2], a[3], "--pre-applied" in a[4:], suffix)
+    elif c == "env-layers":
+        cmd_env_layers(a[1], a[2], a[3])
+    elif c == "env-bytes":
+        cmd_env_bytes(a[1], a[2], a[3], a[4])
+    elif c == "profile-groups":
+        cmd_profile_groups(a[1], a[2], a[3], a[4:])
     elif c == "table":
         cmd_table(a[1], a[2])
     elif c == "repos":

@@ -307,6 +307,9 @@ pub async fn run_fill(
                 if !wait.is_zero() {
                     tokio::time::sleep(wait).await;
                 }
+                // What this request fetches: the batch's frames that on-demand reads did not
+                // fetch in the meantime (get_frames skips those).
+                let sent = store.missing_bytes(&toc.frames, &batch);
                 // One read (it waits for the link to admit it): the source's retry budget is
                 // the only retrying.
                 let res = store
@@ -317,7 +320,7 @@ pub async fn run_fill(
                         progress
                             .frames_done
                             .fetch_add(batch.len() as u64, Ordering::Relaxed);
-                        progress.bytes_fetched.fetch_add(bytes, Ordering::Relaxed);
+                        progress.bytes_fetched.fetch_add(sent, Ordering::Relaxed);
                         false
                     }
                     Err(e) => {

@@ -355,7 +355,7 @@ impl FrameStore {
     }
 
     /// Compressed bytes of `idxs` not cached (what fetching them would move).
-    fn missing_bytes(&self, frames: &[Frame], idxs: &[FrameIdx]) -> u64 {
+    pub(crate) fn missing_bytes(&self, frames: &[Frame], idxs: &[FrameIdx]) -> u64 {
         idxs.iter()
             .filter_map(|i| frames.get(i.0 as usize))
             .filter(|f| !self.l1.contains(&f.digest) && !self.l2.contains(&f.digest))

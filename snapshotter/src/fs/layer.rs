@@ -227,6 +227,25 @@ impl Layer {
             .collect()
     }
 
+    /// File bytes read since the layer was added or the log was last reset (chunk
+    /// granularity: a chunk counts whole once any byte of it was read; a passthrough open
+    /// counts the whole file).
+    pub fn bytes_read(&self) -> u64 {
+        let log = self.access_log.lock();
+        log.1
+            .iter()
+            .filter_map(|(n, read)| {
+                let chunks = self.table.node(*n)?.chunks();
+                Some(
+                    read.iter()
+                        .filter_map(|i| chunks.get(*i as usize))
+                        .map(|c| c.len)
+                        .sum::<u64>(),
+                )
+            })
+            .sum()
+    }
+
     /// Forgets the access log (to record a new workload).
     pub fn reset_access(&self) {
         *self.access_log.lock() = AccessLog::default();
@@ -301,10 +320,13 @@ mod tests {
         l.note_read(b, 0, 1);
         let whole = |p: &str| (p.to_string(), Vec::new());
         assert_eq!(l.accessed(), vec![whole("b"), whole("usr/a")]);
+        assert_eq!(l.bytes_read(), 6, "b whole (2) + usr/a's one chunk (4)");
         l.reset_access();
         assert!(l.accessed().is_empty());
+        assert_eq!(l.bytes_read(), 0);
         l.note_open(a);
         assert_eq!(l.accessed(), vec![whole("usr/a")]);
+        assert_eq!(l.bytes_read(), 4);
     }
 
     #[test]
