@@ -470,6 +470,14 @@ fn color(i: usize) -> RGBColor {
     plot_util::PALETTE[i % plot_util::PALETTE.len()]
 }
 
+/// A mode's colour, the same in every figure (its place in [`MODES`]; unknown modes grey).
+fn mode_color(mode: &str) -> RGBColor {
+    MODES
+        .iter()
+        .position(|(m, _)| *m == mode)
+        .map_or(plot_util::PALETTE[7], color)
+}
+
 /// Fig. 10a: CDF of init latency per mode (log time axis).
 fn plot_cdf(envs: &[Env], out: &Path) -> Result<()> {
     let modes = modes_of(envs);
@@ -495,8 +503,8 @@ fn plot_cdf(envs: &[Env], out: &Path) -> Result<()> {
         .x_desc("seconds (log scale)")
         .y_desc("fraction of environments")
         .draw()?;
-    for (i, m) in modes.iter().enumerate() {
-        let c = color(i);
+    for m in &modes {
+        let c = mode_color(m);
         // A step function: each value raises the curve at its x.
         let mut pts = Vec::new();
         let mut prev = 0.0;
@@ -606,7 +614,7 @@ fn plot_bytes(envs: &[Env], out: &Path) -> Result<()> {
         .build_cartesian_2d(0.0..top, 0.0..top)?;
     ch.configure_mesh()
         .x_desc("MB read (file bytes, chunk granularity)")
-        .y_desc("MB fetched (filled: + background fill)")
+        .y_desc("MB fetched (hollow: + background fill)")
         .draw()?;
     ch.draw_series(LineSeries::new(
         vec![(0.0, 0.0), (top, top)],
@@ -622,12 +630,12 @@ fn plot_bytes(envs: &[Env], out: &Path) -> Result<()> {
     ))?
     .label(format!("fetched = {BYTES_RATIO_MAX} × read (target bound)"))
     .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK));
-    for (i, m) in modes.iter().enumerate() {
+    for m in &modes {
         let p = pts(m);
         if p.is_empty() {
             continue;
         }
-        let c = color(i);
+        let c = mode_color(m);
         ch.draw_series(p.into_iter().map(|xy| Circle::new(xy, 5, c.filled())))?
             .label(label(m).to_string())
             .legend(move |(x, y)| Circle::new((x + 10, y), 5, c.filled()));
