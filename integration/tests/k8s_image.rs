@@ -528,11 +528,48 @@ fn daemonset_image_runs_on_a_node() -> Result<()> {
         node.log("snapshotter")
     );
 
-    // The node's containerd uses it: snapshots listed, created (busybox unpacked through the
-    // daemon in the container) and mounted for a container on the host.
-    node.ctd()
-        .ctr_ok(&["snapshots", "--snapshotter", "weenv", "ls"])?;
-    let busybox = node.ctd().import_busybox("weenv")?;
+    // The node's containerd uses it: snapshots created (busybox unpacked through the daemon in
+    // the container), listed and mounted for a container on the host. containerd started
+    // before the daemon (it runs it), so its proxy-plugin connection is in reconnect backoff
+    // for a moment after the daemon serves (as on a node, where the kubelet retries).
+    let t = Instant::now();
+    loop {
+        let probe = node.ctd().ctr(&[
+            "snapshots",
+            "--snapshotter",
+            "weenv",
+            "prepare",
+            "k8s-image-probe",
+        ])?;
+        if probe.status.success() {
+            break;
+        }
+        ensure!(
+            t.elapsed() < Duration::from_secs(30),
+            "containerd cannot reach the daemon: {}; daemon log:\n{}",
+            String::from_utf8_lossy(&probe.stderr),
+            node.log("snapshotter")
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    eprintln!(
+        "containerd reached the daemon after {:?} of retries",
+        t.elapsed()
+    );
+    node.ctd().ctr_ok(&[
+        "snapshots",
+        "--snapshotter",
+        "weenv",
+        "rm",
+        "k8s-image-probe",
+    ])?;
+    let busybox = node.ctd().import_busybox("weenv").with_context(|| {
+        format!(
+            "daemon log:\n{}\ncontainerd log:\n{}",
+            node.log("snapshotter"),
+            node.ctd().log()
+        )
+    })?;
     let out = node.ctd().ctr_ok(&[
         "run",
         "--rm",
