@@ -56,6 +56,7 @@ fn weenv(tar: &[u8]) -> (Vec<u8>, Toc, u64) {
         small_file_threshold: 1024,
         chunk_size: 2048,
         level: 3,
+        shared_level: None,
     };
     let s = write_layer(tar, &mut blob, &opts).unwrap();
     let toc = LayerReader::open(&blob[..], None).unwrap().into_toc();

@@ -253,6 +253,8 @@ fn cli_prefetch_reads_stdin_and_prints_json() {
             "2048",
             "--level",
             "3",
+            "--shared-level",
+            "3",
             "--prefetch-profile",
             profile.to_str().unwrap(),
         ])

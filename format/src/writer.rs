@@ -20,12 +20,12 @@ use crate::footer::{skippable_header, Footer, FOOTER_SIZE, SKIPPABLE_HEADER, TOC
 use crate::frame::MAX_FRAME_ULEN;
 use crate::tar::{walk, TarSink};
 use crate::toc::{ChunkRef, Entry, EntryKind, Toc, MAX_TOC_COMPRESSED};
-use crate::writer_pool::FrameOut;
+use crate::writer_pool::{FrameOut, TeeHash};
 use crate::{
     Digest, FormatError, ANNOTATION_FORMAT_VERSION, ANNOTATION_TOC_DIGEST, ANNOTATION_TOC_LENGTH,
     ANNOTATION_TOC_OFFSET, FORMAT_VERSION,
 };
-use sha2::{Digest as _, Sha256};
+use sha2::Digest as _;
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
 
@@ -45,8 +45,13 @@ pub struct WriterOptions {
     pub small_file_threshold: u64,
     /// Chunk size for large files. Default 1 MiB.
     pub chunk_size: u64,
-    /// zstd compression level (1..=22). Default 3.
+    /// zstd compression level (1..=22) of chunk frames, and of shared frames unless
+    /// `shared_level` says otherwise. Default 3.
     pub level: i32,
+    /// zstd level (1..=22) of shared frames; `None`: `level`. Small shared frames lose more
+    /// against one zstd stream than 1 MiB chunks do (each starts without context), and a higher
+    /// level wins part of that back; decompression does not depend on the level.
+    pub shared_level: Option<i32>,
 }
 
 impl Default for WriterOptions {
@@ -56,6 +61,7 @@ impl Default for WriterOptions {
             small_file_threshold: 256 << 10,
             chunk_size: 1 << 20,
             level: 3,
+            shared_level: None,
         }
     }
 }
@@ -141,13 +147,23 @@ impl WriterOptions {
                 ),
             });
         }
-        if !(1..=22).contains(&self.level) {
-            return Err(FormatError::InvalidOption {
-                field: "level",
-                reason: format!("zstd level {} is outside 1..=22", self.level),
-            });
+        for (field, level) in [
+            ("level", Some(self.level)),
+            ("shared_level", self.shared_level),
+        ] {
+            if let Some(level) = level.filter(|l| !(1..=22).contains(l)) {
+                return Err(FormatError::InvalidOption {
+                    field,
+                    reason: format!("zstd level {level} is outside 1..=22"),
+                });
+            }
         }
         Ok(())
+    }
+
+    /// zstd level of shared frames.
+    pub fn shared_level(&self) -> i32 {
+        self.shared_level.unwrap_or(self.level)
     }
 }
 
@@ -200,23 +216,21 @@ enum Payload {
     },
 }
 
-struct Sink<'o, W: Write> {
+struct Sink<'o, 's, W: Write> {
     opts: &'o WriterOptions,
-    out: FrameOut<W>,
+    out: FrameOut<'s, W>,
     shared: Vec<u8>,
     chunk: Vec<u8>,
     payload: Payload,
     toc: Toc,
-    diff: Sha256,
-    input: u64,
 }
 
-impl<W: Write> Sink<'_, W> {
+impl<W: Write> Sink<'_, '_, W> {
     fn flush_shared(&mut self) -> Result<(), FormatError> {
         if !self.shared.is_empty() {
             let next = self.out.buffer(self.opts.frame_size as usize);
             let data = std::mem::replace(&mut self.shared, next);
-            self.out.emit(data)?;
+            self.out.emit(data, self.opts.shared_level())?;
         }
         Ok(())
     }
@@ -225,7 +239,7 @@ impl<W: Write> Sink<'_, W> {
         let next = self.out.buffer(self.opts.chunk_size as usize);
         let data = std::mem::replace(&mut self.chunk, next);
         let len = data.len() as u64;
-        let frame = self.out.emit(data)?;
+        let frame = self.out.emit(data, self.opts.level)?;
         self.toc.entries[entry].chunks.push(ChunkRef {
             file_offset,
             frame,
@@ -236,10 +250,8 @@ impl<W: Write> Sink<'_, W> {
     }
 }
 
-impl<W: Write> TarSink for Sink<'_, W> {
+impl<W: Write> TarSink for Sink<'_, '_, W> {
     fn meta(&mut self, mut bytes: &[u8]) -> Result<(), FormatError> {
-        self.diff.update(bytes);
-        self.input += bytes.len() as u64;
         while !bytes.is_empty() {
             let room = (self.opts.frame_size as usize).saturating_sub(self.shared.len());
             let take = room.min(bytes.len());
@@ -284,8 +296,6 @@ impl<W: Write> TarSink for Sink<'_, W> {
     }
 
     fn payload(&mut self, mut bytes: &[u8]) -> Result<(), FormatError> {
-        self.diff.update(bytes);
-        self.input += bytes.len() as u64;
         match self.payload {
             Payload::None => Err(FormatError::InvalidOption {
                 field: "payload",
@@ -378,39 +388,43 @@ pub fn retail(
     ))
 }
 
-/// Convert the tar stream `input` into a weenv layer written to `output`, compressing every
-/// frame on the calling thread. Same as [`write_layer_parallel`] with one worker.
+/// Convert the tar stream `input` into a weenv layer written to `output`, everything on the
+/// calling thread: compression, hashing, writing. Same output as [`write_layer_parallel`].
 pub fn write_layer<R: Read, W: Write>(
     input: R,
     output: W,
     opts: &WriterOptions,
 ) -> Result<LayerSummary, FormatError> {
-    write_layer_parallel(input, output, opts, 1)
+    opts.validate()?;
+    write_frames(TeeHash::inline(input), FrameOut::inline(output), opts)
 }
 
-/// Convert the tar stream `input` into a weenv layer written to `output`, compressing frames
-/// on `workers` threads while the calling thread walks the tar stream and writes the frames in
-/// order (`workers <= 1`: everything on the calling thread, no thread started). The output is
-/// the same byte for byte whatever `workers` is; at most `2 * workers` frames are in flight.
-pub fn write_layer_parallel<R: Read, W: Write>(
+/// Convert the tar stream `input` into a weenv layer written to `output`, with the work spread
+/// over threads: the calling thread reads and walks the tar stream and cuts frames; `workers`
+/// threads compress (and hash) frames; one thread writes the frames in order and hashes the
+/// blob; one hashes the input (the diff_id). `workers <= 1`: everything on the calling thread
+/// ([`write_layer`]). The output is the same byte for byte whatever `workers` is; at most
+/// `2 * workers` frames are in flight.
+pub fn write_layer_parallel<R: Read, W: Write + Send>(
     input: R,
     output: W,
     opts: &WriterOptions,
     workers: usize,
 ) -> Result<LayerSummary, FormatError> {
-    opts.validate()?;
     if workers <= 1 {
-        return write_frames(input, FrameOut::inline(output, opts.level)?, opts);
+        return write_layer(input, output, opts);
     }
+    opts.validate()?;
     std::thread::scope(|scope| {
-        let out = FrameOut::pool(output, opts.level, workers, scope)?;
+        let out = FrameOut::pool(output, workers, scope)?;
+        let input = TeeHash::thread(input, scope)?;
         write_frames(input, out, opts)
     })
 }
 
 fn write_frames<R: Read, W: Write>(
-    input: R,
-    out: FrameOut<W>,
+    mut input: TeeHash<'_, R>,
+    out: FrameOut<'_, W>,
     opts: &WriterOptions,
 ) -> Result<LayerSummary, FormatError> {
     let mut sink = Sink {
@@ -420,33 +434,31 @@ fn write_frames<R: Read, W: Write>(
         chunk: Vec::new(),
         payload: Payload::None,
         toc: Toc::new(),
-        diff: Sha256::new(),
-        input: 0,
     };
     // The walker reads 64 KiB at a time, so unbuffered inputs cost no syscall per block.
-    walk(input, &mut sink)?;
+    walk(&mut input, &mut sink)?;
     sink.flush_shared()?;
-    sink.out.finish()?;
-    sink.toc.frames = std::mem::take(&mut sink.out.frames);
+    let (diff_id, input_len) = input.finish()?;
+    let (mut out, frames) = sink.out.finish()?;
+    sink.toc.frames = frames;
 
-    let out = &mut sink.out.out;
     let toc_offset = out.written;
     let (tail, toc_digest, toc_len) = toc_tail(&sink.toc, toc_offset)?;
     out.put(&tail)?;
     out.inner
         .flush()
         .map_err(|e| FormatError::io("flushing the layer blob", e))?;
-    let blob_digest = Digest::from_sha256_bytes(&out.hash.clone().finalize().into());
+    let blob_digest = Digest::from_sha256_bytes(&out.hash.finalize().into());
     Ok(LayerSummary {
         blob_digest,
         blob_size: out.written,
-        diff_id: Digest::from_sha256_bytes(&sink.diff.finalize().into()),
+        diff_id,
         toc_digest,
         toc_offset,
         toc_length: toc_len + FOOTER_SIZE as u64,
         entry_count: sink.toc.entries.len() as u64,
         frame_count: sink.toc.frames.len() as u64,
-        uncompressed_size: sink.input,
+        uncompressed_size: input_len,
     })
 }
 
@@ -494,6 +506,7 @@ mod tests {
             small_file_threshold: 600,
             chunk_size: 700,
             level: 3,
+            shared_level: None,
         };
         // Meta bytes fill frames exactly and straddle; an empty file cuts nothing.
         assert_eq!(
@@ -544,5 +557,16 @@ mod tests {
             ..Default::default()
         };
         assert!(bad.validate().is_err());
+        let bad = WriterOptions {
+            shared_level: Some(23),
+            ..Default::default()
+        };
+        assert!(matches!(
+            bad.validate(),
+            Err(FormatError::InvalidOption {
+                field: "shared_level",
+                ..
+            })
+        ));
     }
 }

@@ -23,6 +23,7 @@ fn sample() -> (Vec<u8>, LayerSummary, Toc) {
         small_file_threshold: 512,
         chunk_size: 1024,
         level: 3,
+        shared_level: None,
     };
     let s = write_layer(&tar[..], &mut blob, &opts).unwrap();
     let toc = LayerReader::open(&blob, None).unwrap().into_toc();

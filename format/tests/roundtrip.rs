@@ -372,7 +372,7 @@ proptest! {
     #[test]
     fn round_trip_small_frames(specs in proptest::collection::vec(spec_strategy(), 0..24)) {
         let (tar, exp) = build(&specs, Names::Pax);
-        let opts = WriterOptions { frame_size: 2048, small_file_threshold: 1024, chunk_size: 1536, level: 3 };
+        let opts = WriterOptions { frame_size: 2048, small_file_threshold: 1024, chunk_size: 1536, level: 3, shared_level: Some(5) };
         check(&tar, &exp, &opts)?;
     }
 
@@ -417,7 +417,9 @@ fn large_file_is_chunked_and_random_reads_match() {
 
 /// A layer with many small files (several shared frames, files packed up to the frame edge)
 /// and big files (many chunk frames, a short last chunk), compressed on 1..=4 workers with
-/// default and tiny frames: every blob equals the sequential one byte for byte.
+/// default and tiny frames and with two zstd levels: every blob equals the sequential one byte
+/// for byte, with the same summary (diff_id hashed on its own thread, blob digest on the
+/// writer thread).
 #[test]
 fn parallel_compression_is_byte_identical() {
     let mut t = TarBuilder::new();
@@ -439,11 +441,19 @@ fn parallel_compression_is_byte_identical() {
     );
     t.file("usr/lib/after", b"tail");
     let tar = t.finish();
-    for opts in [WriterOptions::default(), small_frames()] {
+    // Shared frames at another zstd level than chunks, as the converter writes them.
+    let two_levels = WriterOptions {
+        level: 1,
+        shared_level: Some(9),
+        ..WriterOptions::default()
+    };
+    for opts in [WriterOptions::default(), small_frames(), two_levels] {
         let mut seq = Vec::new();
         let s = write_layer(&tar[..], &mut seq, &opts).unwrap();
         assert!(s.frame_count > 10, "{} frames", s.frame_count);
         assert_eq!(zstd_decompress(&seq), tar);
+        assert_eq!(s.diff_id, Digest::sha256(&tar));
+        assert_eq!(s.uncompressed_size, tar.len() as u64);
         for workers in 1..=4 {
             let mut par = Vec::new();
             let p = write_layer_parallel(&tar[..], &mut par, &opts, workers).unwrap();

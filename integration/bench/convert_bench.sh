@@ -17,6 +17,9 @@
 # (default 3, the best run is reported), KEEP=1 keeps the work dir, SINGLE_ONLY=1 runs only the
 # single-layer part, WEENV_CONVERT=path uses that binary (no build), SRC=oci:DIR:TAG that image,
 # BENCH_TMP=dir holds the work dir (default /tmp; /dev/shm keeps a busy disk and fsync out of it).
+# SINGLE_FLAGS adds weenv-convert flags to the single-layer runs (e.g. `--shared-level 6`: the
+# levels of before issue 15); BEFORE_CONVERT=path also runs that (older) binary on the single
+# layer, with BEFORE_SINGLE_FLAGS, in the same runs.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PROFILE=${PROFILE:-dev}
@@ -84,25 +87,49 @@ print(f"    single layer: layer {i}, {layer['size']} bytes gzip", file=sys.stder
 PY
 single_tar=$(gzip -dc "$W"/single/blobs/sha256/$(python3 -c "import json,sys; d=sys.argv[1]; ix=json.load(open(d+'/index.json')); m=json.load(open(d+'/blobs/sha256/'+ix['manifests'][0]['digest'][7:])); print(m['layers'][0]['digest'][7:])" "$W/single") | wc -c)
 declare -A S_WALL S_CPU S_DIGEST
-for w in 1 "$JOBS"; do
-  echo "==> single layer, --workers $w ($RUNS runs)"
+# single_runs KEY BIN WORKERS FLAGS...: best of $RUNS single-layer conversions into S_*[KEY].
+single_runs() {
+  local key=$1 bin=$2 w=$3 r wall cpu; shift 3
+  echo "==> single layer, $key: --workers $w $* ($RUNS runs)"
   for r in $(seq "$RUNS"); do
     rm -rf "$W/single-out"
-    read -r wall cpu < <(timed "$BIN" image --jobs 1 --workers "$w" "oci:$W/single:single" "oci:$W/single-out:w")
+    read -r wall cpu < <(timed "$bin" image --jobs 1 --workers "$w" "$@" "oci:$W/single:single" "oci:$W/single-out:w")
     echo "    run $r: ${wall}s wall, ${cpu}s cpu"
-    if [ -z "${S_WALL[$w]:-}" ] || python3 -c "import sys; sys.exit(0 if $wall < ${S_WALL[$w]} else 1)"; then S_WALL[$w]=$wall; S_CPU[$w]=$cpu; fi
+    if [ -z "${S_WALL[$key]:-}" ] || python3 -c "import sys; sys.exit(0 if $wall < ${S_WALL[$key]} else 1)"; then S_WALL[$key]=$wall; S_CPU[$key]=$cpu; fi
   done
-  S_DIGEST[$w]=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['manifests'][0]['digest'])" "$W/single-out/index.json")
+  S_DIGEST[$key]=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['manifests'][0]['digest'])" "$W/single-out/index.json")
+}
+# Alternate the worker counts run by run, so that a load change on the shared machine hits both.
+for r in $(seq "$RUNS"); do
+  for w in 1 "$JOBS"; do
+    # shellcheck disable=SC2086 # flags are words
+    RUNS=1 single_runs "$w" "$BIN" "$w" $SINGLE_FLAGS
+  done
 done
 [ "${S_DIGEST[1]}" = "${S_DIGEST[$JOBS]}" ] || { echo "single layer: --workers 1 gave ${S_DIGEST[1]}, --workers $JOBS gave ${S_DIGEST[$JOBS]}" >&2; exit 1; }
+if [ -n "${BEFORE_CONVERT:-}" ]; then
+  for r in $(seq "$RUNS"); do
+    for w in 1 "$JOBS"; do
+      # shellcheck disable=SC2086 # flags are words
+      RUNS=1 single_runs "before-$w" "$BEFORE_CONVERT" "$w" $BEFORE_SINGLE_FLAGS
+    done
+  done
+fi
 single_report() {
-  python3 - "$single_tar" "${S_WALL[1]}" "${S_CPU[1]}" "${S_WALL[$JOBS]}" "${S_CPU[$JOBS]}" "$JOBS" <<'PY'
+  python3 - "$single_tar" "$JOBS" "${SINGLE_FLAGS:-}" "${BEFORE_SINGLE_FLAGS:-}" \
+    "${S_WALL[1]}" "${S_CPU[1]}" "${S_WALL[$JOBS]}" "${S_CPU[$JOBS]}" \
+    "${S_WALL[before-1]:-0}" "${S_CPU[before-1]:-0}" "${S_WALL[before-$JOBS]:-0}" "${S_CPU[before-$JOBS]:-0}" <<'PY'
 import sys
-tar = int(sys.argv[1]); w1, c1, wn, cn = (float(x) for x in sys.argv[2:6]); n = sys.argv[6]
+tar = int(sys.argv[1]); n = sys.argv[2]; flags = sys.argv[3] or "(defaults)"; bflags = sys.argv[4] or "(defaults)"
+w1, c1, wn, cn, bw1, bc1, bwn, bcn = (float(x) for x in sys.argv[5:13])
 MB = 1e6
-print(f"Single layer ({tar/MB:.1f} MB of tar), best of runs, same output digest:")
+print(f"Single layer ({tar/MB:.1f} MB of tar), best of runs, same output digest, flags {flags}:")
 print(f"  --workers 1   {w1:6.2f}s wall ({tar/MB/w1:6.1f} MB/s)  {c1:6.2f}s cpu")
 print(f"  --workers {n:<3} {wn:6.2f}s wall ({tar/MB/wn:6.1f} MB/s)  {cn:6.2f}s cpu")
+if bw1 > 0:
+    print(f"  BEFORE_CONVERT binary, flags {bflags}:")
+    print(f"  --workers 1   {bw1:6.2f}s wall ({tar/MB/bw1:6.1f} MB/s)  {bc1:6.2f}s cpu")
+    print(f"  --workers {n:<3} {bwn:6.2f}s wall ({tar/MB/bwn:6.1f} MB/s)  {bcn:6.2f}s cpu  ({bw1/bwn:.2f}x)")
 ok = "OK " if w1 / wn >= 1.8 else "MISS"
 print(f"  [{ok}] single layer --workers {n} vs 1: {w1/wn:.2f}x (target >= 1.8x on 2 cores)")
 PY

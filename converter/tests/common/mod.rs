@@ -37,6 +37,7 @@ pub async fn try_convert_with_workers(
                 small_file_threshold: 1024,
                 chunk_size: 2048,
                 level: 3,
+                shared_level: None,
             },
             workers,
             ..Default::default()

@@ -13,6 +13,7 @@ fuzz_target!(|data: &[u8]| {
         small_file_threshold: 512,
         chunk_size: 1024,
         level: 1,
+        shared_level: None,
     };
     let mut blob = Vec::new();
     if let Ok(summary) = write_layer(data, &mut blob, &opts) {

@@ -306,5 +306,6 @@ pub fn small_frames() -> weenv_format::WriterOptions {
         small_file_threshold: 512,
         chunk_size: 1024,
         level: 1,
+        shared_level: None,
     }
 }
