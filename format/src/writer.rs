@@ -404,7 +404,7 @@ pub fn write_layer<R: Read, W: Write>(
 /// threads compress (and hash) frames; one thread writes the frames in order and hashes the
 /// blob; one hashes the input (the diff_id). `workers <= 1`: everything on the calling thread
 /// ([`write_layer`]). The output is the same byte for byte whatever `workers` is; at most
-/// `2 * workers` frames are in flight.
+/// `2 * workers + 6` frames are in flight.
 pub fn write_layer_parallel<R: Read, W: Write + Send>(
     input: R,
     output: W,

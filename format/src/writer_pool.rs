@@ -8,7 +8,7 @@
 //! with the same parameters (a zstd frame does not depend on the frames before it), and frames
 //! are written strictly in hand-over order.
 //!
-//! Memory: at most `2 * workers` frames are handed over and not yet written (each an
+//! Memory: at most `2 * workers + 6` frames are handed over and not yet written (each an
 //! uncompressed buffer, plus its compressed copy once done); the caller blocks on the oldest
 //! frame when that bound is reached.
 
@@ -109,6 +109,11 @@ enum Mode<'scope, W> {
     },
 }
 
+/// Frames in flight beyond two per worker. Frames differ in cost (a 256 KiB shared frame at a
+/// high level takes several times as long as a 1 MiB chunk at a low one) and are written in
+/// order, so a slow frame at the head would stall the cutting thread with a tight bound.
+const IN_FLIGHT_SLACK: usize = 6;
+
 /// Frames in, blob bytes + TOC frame records out.
 pub(crate) struct FrameOut<'scope, W> {
     /// Frames handed over so far (written or not): the index of the next one.
@@ -145,7 +150,7 @@ impl<'scope, W: Write> FrameOut<'scope, W> {
         W: Send + 'scope,
     {
         let workers = workers.max(1);
-        let max_in_flight = 2 * workers;
+        let max_in_flight = 2 * workers + IN_FLIGHT_SLACK;
         let (jobs_tx, jobs_rx) = sync_channel::<Job>(max_in_flight);
         let (done_tx, done_rx) = channel::<Done>();
         let (written_tx, written_rx) = channel::<Vec<u8>>();
@@ -490,9 +495,9 @@ mod tests {
                 let Mode::Pool { in_flight, .. } = &pool.mode else {
                     panic!("not a pool")
                 };
-                assert!(*in_flight <= 6, "{in_flight} frames in flight");
+                assert!(*in_flight <= 12, "{in_flight} frames in flight");
             }
-            assert!(pool.spare.len() <= 7, "{} spare buffers", pool.spare.len());
+            assert!(pool.spare.len() <= 13, "{} spare buffers", pool.spare.len());
             let (out, frames) = pool.finish().unwrap();
             assert_eq!(frames, inline_frames);
             assert_eq!(out.inner, inline_out.inner);

@@ -103,7 +103,7 @@ single_runs() {
 for r in $(seq "$RUNS"); do
   for w in 1 "$JOBS"; do
     # shellcheck disable=SC2086 # flags are words
-    RUNS=1 single_runs "$w" "$BIN" "$w" $SINGLE_FLAGS
+    RUNS=1 single_runs "$w" "$BIN" "$w" ${SINGLE_FLAGS:-}
   done
 done
 [ "${S_DIGEST[1]}" = "${S_DIGEST[$JOBS]}" ] || { echo "single layer: --workers 1 gave ${S_DIGEST[1]}, --workers $JOBS gave ${S_DIGEST[$JOBS]}" >&2; exit 1; }
@@ -111,7 +111,7 @@ if [ -n "${BEFORE_CONVERT:-}" ]; then
   for r in $(seq "$RUNS"); do
     for w in 1 "$JOBS"; do
       # shellcheck disable=SC2086 # flags are words
-      RUNS=1 single_runs "before-$w" "$BEFORE_CONVERT" "$w" $BEFORE_SINGLE_FLAGS
+      RUNS=1 single_runs "before-$w" "$BEFORE_CONVERT" "$w" ${BEFORE_SINGLE_FLAGS:-}
     done
   done
 fi
