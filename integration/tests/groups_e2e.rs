@@ -520,6 +520,31 @@ async fn weenv_run_composes_on_the_node_without_registry_writes() -> Result<()> 
     ensure!(r1.layers.0 > 0, "no lazy layer: {:?}", r1.layers);
     let writes = registry_writes(&p);
     ensure!(writes.is_empty(), "weenv run wrote: {writes:#?}");
+    // cold node: the CLI resolves each group (manifest + config) and writes them into
+    // containerd's content store; the daemon reads them there: one GET each
+    let reqs = p.proxy.stats().requests();
+    let gets = |suffix: &str| {
+        reqs.iter()
+            .filter(|r| r.method == "GET" && r.path.contains(suffix))
+            .count()
+    };
+    let mut counts = Vec::new();
+    for repo in ["base", "task-calc", "task-calc-1", "harness", "eval"] {
+        let r = parse_ref(&format!("{}/weenv/{repo}:1", p.host))?;
+        let config = weenv_env::group::parse_manifest(&p.client.get_manifest(&r).await?.bytes)?
+            .config
+            .digest;
+        counts.push((
+            repo,
+            gets(&format!("/weenv/{repo}/manifests/")),
+            gets(&format!("/weenv/{repo}/blobs/{config}")),
+        ));
+    }
+    println!("calc-1-h1 (cold node): group manifest and config GETs: {counts:?}");
+    ensure!(
+        counts.iter().all(|(_, m, c)| (*m, *c) == (1, 1)),
+        "a group manifest or config was fetched more than once: {counts:?}\n{reqs:#?}"
+    );
     let images = ctd.ctr_ok(&["images", "ls", "-q"])?;
     ensure!(images.contains("weenv/env:calc-1-h1"), "{images}");
     ensure!(

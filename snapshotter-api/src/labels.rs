@@ -42,6 +42,9 @@ pub struct RemoteLayerRequest {
     /// Image manifest digest, when the labels name it (CRI, `weenv pull`): where the layer's
     /// start-up prefetch profile is read from.
     pub manifest: Option<String>,
+    /// The containerd namespace of the Prepare (set by the daemon, not by the labels): whose
+    /// content store may already hold the manifest and config (`weenv run` writes them).
+    pub namespace: Option<String>,
 }
 
 impl RemoteLayerRequest {
@@ -64,6 +67,7 @@ impl RemoteLayerRequest {
             reference: reference.clone(),
             digest: digest.parse().ok()?,
             manifest: labels.get(LABEL_CRI_MANIFEST_DIGEST).cloned(),
+            namespace: None,
         })
     }
 }
@@ -102,6 +106,7 @@ impl UnsourcedLayerRequest {
             reference,
             digest: self.layer.digest,
             manifest,
+            namespace: None,
         }
     }
 }

@@ -196,18 +196,25 @@ pub async fn run(cfg: Config) -> Result<(), DaemonError> {
     }
     let registry = weenv_registry::Client::new(cfg.registry_config())?;
     let peers = crate::peer::start(&cfg.peers, layers.frames(), registry.clone()).await?;
-    let provider: Arc<dyn LayerProvider> = Arc::new(WeenvLayers::new(
+    let sources = (!cfg.registry.containerd_socket.as_os_str().is_empty()).then(|| {
+        Arc::new(ContainerdSources::new(
+            cfg.registry.containerd_socket.clone(),
+            registry.clone(),
+        ))
+    });
+    let mut weenv_layers = WeenvLayers::new(
         store.clone(),
         layers.clone(),
-        registry.clone(),
+        registry,
         TocCache::new(&cfg.toc_dir(), cfg.limits.toc_limits()),
-    ));
+    );
+    if let Some(s) = &sources {
+        weenv_layers = weenv_layers.with_local(s.clone());
+    }
+    let provider: Arc<dyn LayerProvider> = Arc::new(weenv_layers);
     let mut svc = SnapshotService::new(store.clone(), cfg.snapshots_dir(), Some(provider))?;
-    if !cfg.registry.containerd_socket.as_os_str().is_empty() {
-        svc = svc.with_sources(Arc::new(ContainerdSources::new(
-            cfg.registry.containerd_socket.clone(),
-            registry,
-        )));
+    if let Some(s) = sources {
+        svc = svc.with_sources(s);
     }
     let svc = Arc::new(svc);
     let (ok, failed) = svc.remount_all().await?;

@@ -306,14 +306,20 @@ impl SnapshotService {
         labels: &HashMap<String, String>,
     ) -> Option<RemoteLayerRequest> {
         if let Some(r) = RemoteLayerRequest::from_labels(labels) {
-            return Some(r);
+            return Some(RemoteLayerRequest {
+                namespace: Some(namespace.to_string()),
+                ..r
+            });
         }
         let u = UnsourcedLayerRequest::from_labels(labels)?;
         let sources = self.sources.as_ref()?;
         match sources.source(namespace, &u.layer.digest).await {
             Some(s) => {
                 debug!(digest = %u.layer.digest, reference = %s.reference, "layer source found in containerd's content store");
-                Some(u.with_source(s.reference, Some(s.manifest)))
+                Some(RemoteLayerRequest {
+                    namespace: Some(namespace.to_string()),
+                    ..u.with_source(s.reference, Some(s.manifest))
+                })
             }
             None => {
                 self.counters

@@ -576,11 +576,15 @@ pub async fn compose_and_start(
         o.id.clone()
             .unwrap_or_else(|| format!("weenv-run-{}", std::process::id()));
     let mut c = Ctd::new(ch.clone(), &o.namespace);
+    let group_blobs = image::group_blobs(&groups, |d| cache.blob(d))?;
     let installed = image::store_and_prepare(
         client,
         &mut c,
         &o.image,
-        &groups,
+        image::Groups {
+            resolved: &groups,
+            blobs: &group_blobs,
+        },
         &composed,
         &o.snapshotter,
         format!("weenv-run-image-{id}"),

@@ -9,7 +9,15 @@
 //! diff_id the image claims for it: unverified until the layer is complete, it is part of the
 //! layer's identity (see `provider`). Manifests named by digest are fetched once (concurrent
 //! Prepares of one image's layers share the request) and kept in memory.
+//!
+//! A manifest named by digest, and its config, are first looked up in containerd's content
+//! store of the Prepare's namespace ([`LocalBlobs`]): `weenv run` writes every group manifest
+//! and config it resolved there before it prepares the layers, so a cold node fetches each of
+//! them from the registry once (by the CLI), not twice. What is read there is used only if
+//! its bytes hash to the digest asked for ([`verified`]); anything absent, unreadable or not
+//! matching is fetched from the registry as before.
 
+use bytes::Bytes;
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -86,6 +94,41 @@ pub fn config_diff_ids(config: &[u8]) -> Result<Vec<String>, String> {
     }
 }
 
+/// Blobs already on the node: containerd's content store (see [`super::source`]).
+#[async_trait::async_trait]
+pub trait LocalBlobs: Send + Sync + 'static {
+    /// The bytes of blob `digest` in the content store of `namespace`, if present and
+    /// readable (at most `max` bytes). Callers verify them with [`verified`].
+    async fn blob(&self, namespace: &str, digest: &Digest, max: usize) -> Option<Bytes>;
+}
+
+/// Largest manifest or config read from the content store (a group's are ~1 KB).
+pub const LOCAL_BLOB_MAX: usize = 4 << 20;
+
+/// `bytes` if they hash to `digest` (a sha256 digest; other algorithms never match). Pure.
+pub fn verified(digest: &Digest, bytes: Bytes) -> Option<Bytes> {
+    (Digest::sha256(&bytes) == *digest).then_some(bytes)
+}
+
+/// Where [`ImageCache::get`] may find a manifest and its config before the registry.
+#[derive(Clone, Copy)]
+pub struct Local<'a> {
+    pub blobs: &'a dyn LocalBlobs,
+    pub namespace: &'a str,
+}
+
+impl Local<'_> {
+    /// Blob `d` from the content store, verified; `None` otherwise (logged).
+    async fn get(&self, d: &Digest) -> Option<Bytes> {
+        let b = self.blobs.blob(self.namespace, d, LOCAL_BLOB_MAX).await?;
+        let v = verified(d, b);
+        if v.is_none() {
+            tracing::warn!(namespace = self.namespace, digest = %d, "content store blob does not match its digest; reading the registry");
+        }
+        v
+    }
+}
+
 /// Manifests kept in [`ImageCache`]; past this the cache starts over (a node that pulls
 /// thousands of composed images must not grow without bound; a miss costs one small GET).
 pub const IMAGE_CACHE_ENTRIES: usize = 1024;
@@ -97,10 +140,12 @@ pub struct ImageCache {
 }
 
 impl ImageCache {
-    /// The layers of the image `reference` (manifest `manifest` when known: cached).
+    /// The layers of the image `reference` (manifest `manifest` when known: cached, and read
+    /// from `local` when there).
     pub async fn get(
         &self,
         registry: &Client,
+        local: Option<Local<'_>>,
         reference: &str,
         manifest: Option<&str>,
     ) -> Result<ImageInfo, String> {
@@ -114,23 +159,68 @@ impl ImageCache {
                     }
                     map.entry(md.to_string()).or_default().clone()
                 };
-                cell.get_or_try_init(|| fetch(registry, r.with_digest(md)))
-                    .await
-                    .cloned()
+                cell.get_or_try_init(|| async {
+                    if let Some(l) = local {
+                        if let Some(i) = fetch_local(registry, l, &r, &md).await {
+                            return Ok(i);
+                        }
+                    }
+                    fetch(registry, r.with_digest(md.clone()), None).await
+                })
+                .await
+                .cloned()
             }
-            None => fetch(registry, r).await,
+            None => fetch(registry, r, None).await,
         }
     }
 }
 
-async fn fetch(registry: &Client, r: Reference) -> Result<ImageInfo, String> {
-    // An index: this host's entry (one GET for the index, one for the entry).
-    let host = weenv_registry::manifest::host_platform();
-    let (m, _) = registry
-        .get_image_manifest(&r, &host.os, &host.architecture, None)
-        .await
-        .map_err(|e| e.to_string())?;
-    let diff_ids = match registry.get_blob(&r, &m.config.digest).await {
+/// Manifest `md` (an image manifest, not an index) from the content store, with the diff_ids
+/// of its config (content store, else registry); `None` when the manifest is not there.
+async fn fetch_local(
+    registry: &Client,
+    local: Local<'_>,
+    r: &Reference,
+    md: &Digest,
+) -> Option<ImageInfo> {
+    let bytes = local.get(md).await?;
+    let m: ImageManifest = match serde_json::from_slice(&bytes) {
+        Ok(m) => m,
+        Err(e) => {
+            tracing::debug!(digest = %md, error = %e, "content store manifest is no image manifest; reading the registry");
+            return None;
+        }
+    };
+    let config = local.get(&m.config.digest).await;
+    tracing::debug!(digest = %md, config_local = config.is_some(), "image manifest from containerd's content store");
+    let r = r.with_digest(md.clone());
+    fetch(registry, r, Some((m, config))).await.ok()
+}
+
+/// The layers of the manifest `r` names, with its config's diff_id claims; `known`: the
+/// manifest (and maybe its config) already read and verified.
+async fn fetch(
+    registry: &Client,
+    r: Reference,
+    known: Option<(ImageManifest, Option<Bytes>)>,
+) -> Result<ImageInfo, String> {
+    let (m, config) = match known {
+        Some(k) => k,
+        None => {
+            // An index: this host's entry (one GET for the index, one for the entry).
+            let host = weenv_registry::manifest::host_platform();
+            let (m, _) = registry
+                .get_image_manifest(&r, &host.os, &host.architecture, None)
+                .await
+                .map_err(|e| e.to_string())?;
+            (m, None)
+        }
+    };
+    let config = match config {
+        Some(c) => Ok::<_, weenv_registry::RegistryError>(c),
+        None => registry.get_blob(&r, &m.config.digest).await,
+    };
+    let diff_ids = match config {
         Ok(b) => config_diff_ids(&b).ok(),
         Err(e) => {
             tracing::debug!(reference = %r, error = %e, "image config unreadable: no diff_id claims, no lazy layers");
@@ -207,6 +297,80 @@ mod tests {
             r#"{{"version":1,"kind":"base","name":"b","platform":{{"os":"linux","architecture":"amd64"}},"diffIds":["{a}"]}}"#
         );
         assert_eq!(config_diff_ids(group.as_bytes()), Ok(vec![a]));
+    }
+
+    /// A content store holding some blobs (maybe under another digest: tampered).
+    struct FakeStore(HashMap<Digest, Bytes>);
+
+    #[async_trait::async_trait]
+    impl LocalBlobs for FakeStore {
+        async fn blob(&self, namespace: &str, digest: &Digest, max: usize) -> Option<Bytes> {
+            assert_eq!(namespace, "ns");
+            self.0.get(digest).filter(|b| b.len() <= max).cloned()
+        }
+    }
+
+    #[test]
+    fn only_bytes_matching_their_digest_are_verified() {
+        let b = Bytes::from_static(b"manifest");
+        assert_eq!(verified(&Digest::sha256(&b), b.clone()), Some(b.clone()));
+        assert_eq!(verified(&Digest::sha256(b"other"), b), None);
+    }
+
+    #[tokio::test]
+    async fn manifest_and_config_from_the_content_store_without_the_registry() {
+        let a = Digest::sha256(b"a").to_string();
+        let config = Bytes::from(format!(
+            r#"{{"version":1,"kind":"base","name":"b","platform":{{"os":"linux","architecture":"amd64"}},"diffIds":["{a}"]}}"#
+        ));
+        let cd = Digest::sha256(&config);
+        let layer = weenv_registry::Descriptor::new("application/x", Digest::sha256(b"1"), 10);
+        let manifest = Bytes::from(
+            serde_json::to_vec(&serde_json::json!({
+                "schemaVersion": 2,
+                "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                "config": weenv_registry::Descriptor::new("application/vnd.weenv.group.config.v1+json", cd.clone(), config.len() as u64),
+                "layers": [layer],
+            }))
+            .unwrap(),
+        );
+        let md = Digest::sha256(&manifest);
+        // nothing listens there: any registry request fails
+        let registry = Client::new(weenv_registry::RegistryConfig::default()).unwrap();
+        let reference = "127.0.0.1:1/weenv/base:1";
+        let get = |store: FakeStore| {
+            let registry = registry.clone();
+            let md = md.to_string();
+            async move {
+                let local = Local {
+                    blobs: &store,
+                    namespace: "ns",
+                };
+                ImageCache::default()
+                    .get(&registry, Some(local), reference, Some(&md))
+                    .await
+            }
+        };
+        let both = FakeStore(HashMap::from([
+            (md.clone(), manifest.clone()),
+            (cd.clone(), config.clone()),
+        ]));
+        let info = get(both).await.unwrap();
+        assert_eq!(info.len(), 1);
+        assert_eq!(info[0].diff_id.as_ref().map(|d| d.to_string()), Some(a));
+        // the manifest without its config: the config is asked of the registry (unreachable
+        // here: no claims), the manifest is not
+        let info = get(FakeStore(HashMap::from([(md.clone(), manifest.clone())])))
+            .await
+            .unwrap();
+        assert_eq!((info.len(), info[0].diff_id.as_ref()), (1, None));
+        // tampered or absent manifest: the registry is asked (and fails here)
+        let tampered = FakeStore(HashMap::from([
+            (md.clone(), Bytes::from_static(b"{}")),
+            (cd, config),
+        ]));
+        assert!(get(tampered).await.is_err());
+        assert!(get(FakeStore(HashMap::new())).await.is_err());
     }
 
     #[test]

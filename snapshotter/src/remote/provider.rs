@@ -16,7 +16,7 @@
 //! up for a pull that is then abandoned stays exposed (no snapshot refers to it) until the
 //! daemon restarts.
 
-use super::image::{ImageCache, ImageInfo, LayerDesc};
+use super::image::{ImageCache, ImageInfo, LayerDesc, Local, LocalBlobs};
 use super::probe::{classify_tail, probe_range, TailVerdict};
 use super::toc_cache::TocCache;
 use super::{LayerProvider, MountedLayer, RemoteError, RemoteLayerRequest};
@@ -41,6 +41,8 @@ struct Inner {
     registry: Client,
     tocs: TocCache,
     images: ImageCache,
+    /// containerd's content store: manifests and configs `weenv run` already wrote there.
+    local: Option<Arc<dyn LocalBlobs>>,
     /// Per layer digest: held while the layer is detected/exposed (entry dropped after).
     locks: Mutex<HashMap<Digest, Arc<tokio::sync::Mutex<()>>>>,
     /// Manifests whose warm-up was started.
@@ -72,10 +74,20 @@ impl WeenvLayers {
                 registry,
                 tocs,
                 images: ImageCache::default(),
+                local: None,
                 locks: Mutex::new(HashMap::new()),
                 warmed: Mutex::new(HashSet::new()),
             }),
         }
+    }
+
+    /// Reads image manifests and configs from `local` (containerd's content store) before the
+    /// registry; only bytes matching their digest are used.
+    pub fn with_local(mut self, local: Arc<dyn LocalBlobs>) -> Self {
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.local = Some(local);
+        }
+        self
     }
 
     /// The FUSE layer store (status, shutdown).
@@ -85,6 +97,25 @@ impl WeenvLayers {
 }
 
 impl Inner {
+    /// The layers of the image `req` names (cache, content store, registry).
+    async fn image(&self, req: &RemoteLayerRequest) -> Result<ImageInfo, String> {
+        let local = match (&self.local, req.namespace.as_deref()) {
+            (Some(blobs), Some(namespace)) => Some(Local {
+                blobs: blobs.as_ref(),
+                namespace,
+            }),
+            _ => None,
+        };
+        self.images
+            .get(
+                &self.registry,
+                local,
+                &req.reference,
+                req.manifest.as_deref(),
+            )
+            .await
+    }
+
     fn reg_err(&self, reference: &str, d: &Digest, m: impl ToString) -> RemoteError {
         RemoteError::Registry {
             reference: reference.to_string(),
@@ -390,7 +421,7 @@ impl LayerProvider for WeenvLayers {
         // What the manifest and config say (cached per manifest digest): TOC hint, profile
         // and the claimed diff_id.
         let info = match req.manifest.as_deref() {
-            Some(m) => match me.images.get(&me.registry, &req.reference, Some(m)).await {
+            Some(m) => match me.image(req).await {
                 Ok(info) => {
                     if let Ok(rt) = tokio::runtime::Handle::try_current() {
                         rt.spawn(me.clone().warm_up(
@@ -407,7 +438,7 @@ impl LayerProvider for WeenvLayers {
                 }
             },
             // No manifest digest in the labels: the manifest the reference names now.
-            None => me.images.get(&me.registry, &req.reference, None).await.ok(),
+            None => me.image(req).await.ok(),
         };
         let desc = info
             .as_ref()
@@ -474,11 +505,7 @@ impl LayerProvider for WeenvLayers {
         };
         let (me, req) = (self.inner.clone(), req.clone());
         rt.spawn(async move {
-            let info = match me
-                .images
-                .get(&me.registry, &req.reference, req.manifest.as_deref())
-                .await
-            {
+            let info = match me.image(&req).await {
                 Ok(i) => i,
                 Err(e) => {
                     warn!(digest = %req.digest, reference = %req.reference, error = %e, "cannot read the image manifest for its start-up profile; no prefetch");

@@ -22,9 +22,13 @@
 //! the Prepare's namespace, and the registry which candidate has the manifest.
 //! containerd's CRI plugin with `discard_unpacked_layers = true` writes no layer labels: its
 //! layers are then pulled the ordinary way (logged).
+//!
+//! [`ContainerdSources`] is also the daemon's [`super::image::LocalBlobs`]: manifests and
+//! configs read from the content store (Content.Read, verified against their digest by the
+//! caller) before the registry is asked for them.
 
 use containerd_client::services::v1::content_client::ContentClient;
-use containerd_client::services::v1::{Info, ListContentRequest};
+use containerd_client::services::v1::{Info, ListContentRequest, ReadContentRequest};
 use std::collections::HashMap;
 use std::path::PathBuf;
 use tokio::sync::Mutex;
@@ -216,26 +220,64 @@ impl ContainerdSources {
     }
 
     async fn manifests(&self, namespace: &str) -> Result<Vec<ContentLabels>, String> {
-        let mut req = tonic::Request::new(ListContentRequest {
+        let req = ListContentRequest {
             filters: vec![MANIFEST_FILTER.to_string()],
-        });
-        if let Ok(v) = namespace.parse() {
-            req.metadata_mut().insert("containerd-namespace", v);
-        }
+        };
+        let err = |s: tonic::Status| format!("containerd content list: {}", s.message());
         let mut stream = ContentClient::new(self.channel().await?)
-            .list(req)
+            .list(in_namespace(namespace, req))
             .await
-            .map_err(|s| format!("containerd content list: {}", s.message()))?
+            .map_err(err)?
             .into_inner();
         let mut out = Vec::new();
-        while let Some(resp) = stream
-            .message()
-            .await
-            .map_err(|s| format!("containerd content list: {}", s.message()))?
-        {
+        while let Some(resp) = stream.message().await.map_err(err)? {
             out.extend(resp.info.into_iter().map(ContentLabels::from));
         }
         Ok(out)
+    }
+}
+
+/// `msg` as a request in containerd namespace `namespace`.
+fn in_namespace<T>(namespace: &str, msg: T) -> tonic::Request<T> {
+    let mut req = tonic::Request::new(msg);
+    if let Ok(v) = namespace.parse() {
+        req.metadata_mut().insert("containerd-namespace", v);
+    }
+    req
+}
+
+#[async_trait::async_trait]
+impl super::image::LocalBlobs for ContainerdSources {
+    /// Content.Read of the whole blob (absent, larger than `max` or unreadable: `None`).
+    async fn blob(&self, namespace: &str, digest: &Digest, max: usize) -> Option<bytes::Bytes> {
+        let read = async {
+            let req = ReadContentRequest {
+                digest: digest.to_string(),
+                offset: 0,
+                size: 0,
+            };
+            let err = |s: tonic::Status| format!("containerd content read: {}", s.message());
+            let mut stream = ContentClient::new(self.channel().await?)
+                .read(in_namespace(namespace, req))
+                .await
+                .map_err(err)?
+                .into_inner();
+            let mut out = Vec::new();
+            while let Some(resp) = stream.message().await.map_err(err)? {
+                if out.len() + resp.data.len() > max {
+                    return Err(format!("larger than {max} bytes"));
+                }
+                out.extend_from_slice(&resp.data);
+            }
+            Ok::<_, String>(bytes::Bytes::from(out))
+        };
+        match read.await {
+            Ok(b) => Some(b),
+            Err(e) => {
+                debug!(namespace, %digest, error = %e, "blob not read from containerd's content store");
+                None
+            }
+        }
     }
 }
 
