@@ -469,32 +469,14 @@ async fn plan(
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use weenv_format::{ChunkRef, Frame, FrameIdx};
 
     fn toc(files: &[(&str, &[u32])], frames: u32) -> Toc {
         let mut t = Toc::new();
-        t.frames = (0..frames)
-            .map(|i| Frame {
-                offset: u64::from(i) * 100,
-                clen: 100,
-                ulen: 1000,
-                digest: Digest::sha256(&i.to_le_bytes()),
-            })
+        t.frames = weenv_format::testdata::frames(frames, 100, 1000);
+        t.entries = files
+            .iter()
+            .map(|(p, fs)| weenv_format::testdata::chunked_file(p, fs, 10))
             .collect();
-        for (p, fs) in files {
-            let chunks = fs
-                .iter()
-                .enumerate()
-                .map(|(k, f)| ChunkRef {
-                    file_offset: 10 * k as u64,
-                    frame: FrameIdx(*f),
-                    frame_offset: 0,
-                    len: 10,
-                })
-                .collect();
-            let e = weenv_format::testdata::file_entry(p, 10 * fs.len() as u64, chunks);
-            t.entries.push(e);
-        }
         t
     }
 

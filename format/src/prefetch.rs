@@ -376,8 +376,6 @@ pub fn resolve_profile(tocs: &[&Toc], lines: &[String]) -> Resolved {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use crate::toc::{ChunkRef, Frame};
-    use crate::Digest;
 
     fn f(v: &[u32]) -> Vec<FrameIdx> {
         v.iter().copied().map(FrameIdx).collect()
@@ -462,32 +460,13 @@ mod tests {
             .map_or(0, |m| m + 1);
         Toc {
             version: 1,
-            frames: (0..max)
-                .map(|i| Frame {
-                    offset: u64::from(i) * 10,
-                    clen: 10,
-                    ulen: 100,
-                    digest: Digest::sha256(&[i as u8]),
-                })
-                .collect(),
+            frames: crate::testdata::frames(max, 10, 100),
             entries: entries
                 .iter()
-                .map(|(p, k, l, fr)| {
-                    let chunks = fr
-                        .iter()
-                        .enumerate()
-                        .map(|(i, fr)| ChunkRef {
-                            file_offset: 100 * i as u64,
-                            frame: FrameIdx(*fr),
-                            frame_offset: 0,
-                            len: 100,
-                        })
-                        .collect();
-                    Entry {
-                        kind: *k,
-                        link: l.map(str::to_string),
-                        ..crate::testdata::file_entry(p, 100 * fr.len() as u64, chunks)
-                    }
+                .map(|(p, k, l, fr)| Entry {
+                    kind: *k,
+                    link: l.map(str::to_string),
+                    ..crate::testdata::chunked_file(p, fr, 100)
                 })
                 .collect(),
         }

@@ -1,7 +1,8 @@
 //! Test data shared by the workspace's tests (format, converter, snapshotter, integration); the
 //! layer code itself does not use it.
 
-use crate::toc::{ChunkRef, Entry, EntryKind};
+use crate::toc::{ChunkRef, Entry, EntryKind, Frame, FrameIdx};
+use crate::Digest;
 
 /// Deterministic poorly compressible bytes (xorshift) for `seed`.
 pub fn noise(seed: u64, len: usize) -> Vec<u8> {
@@ -39,6 +40,35 @@ pub fn file_entry(path: &str, size: u64, chunks: Vec<ChunkRef>) -> Entry {
     }
 }
 
+/// `n` frames of `clen` compressed and `ulen` uncompressed bytes, back to back; frame `i`'s
+/// digest is the sha256 of `i` (little endian).
+pub fn frames(n: u32, clen: u64, ulen: u64) -> Vec<Frame> {
+    (0..n)
+        .map(|i| Frame {
+            offset: u64::from(i) * clen,
+            clen,
+            ulen,
+            digest: Digest::sha256(&i.to_le_bytes()),
+        })
+        .collect()
+}
+
+/// [`file_entry`] `path` of one `len`-byte chunk per frame of `frames` (the file's `k`-th chunk
+/// at the start of frame `frames[k]`).
+pub fn chunked_file(path: &str, frames: &[u32], len: u64) -> Entry {
+    let chunks = frames
+        .iter()
+        .enumerate()
+        .map(|(k, f)| ChunkRef {
+            file_offset: len * k as u64,
+            frame: FrameIdx(*f),
+            frame_offset: 0,
+            len,
+        })
+        .collect();
+    file_entry(path, len * frames.len() as u64, chunks)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -48,5 +78,21 @@ mod tests {
         assert_eq!(noise(7, 64), noise(7, 64));
         assert_ne!(noise(7, 64), noise(8, 64));
         assert_eq!(noise(1, 10).len(), 10);
+    }
+
+    #[test]
+    fn chunked_files_over_frames() {
+        let f = frames(3, 10, 100);
+        assert_eq!(f.iter().map(|f| f.offset).collect::<Vec<_>>(), [0, 10, 20]);
+        assert_ne!(f[0].digest, f[1].digest);
+        let e = chunked_file("a", &[2, 0], 100);
+        assert_eq!(e.size, 200);
+        assert_eq!(
+            e.chunks
+                .iter()
+                .map(|c| (c.file_offset, c.frame.0))
+                .collect::<Vec<_>>(),
+            [(0, 2), (100, 0)]
+        );
     }
 }
