@@ -26,6 +26,15 @@ fn ok(body: &[u8]) -> Answer {
     Answer::Http(200, vec![], body.to_vec())
 }
 
+/// 401 asking for Basic credentials.
+fn basic_challenge() -> Answer {
+    Answer::Http(
+        401,
+        vec![("WWW-Authenticate", "Basic realm=\"r\"".into())],
+        vec![],
+    )
+}
+
 fn status(code: u16) -> Answer {
     Answer::Http(code, vec![], b"{\"errors\":[]}".to_vec())
 }
@@ -127,6 +136,10 @@ async fn mock(answers: Vec<Answer>) -> Mock {
 }
 
 impl Mock {
+    /// `cred` for this mock's host.
+    fn creds(&self, cred: Credential) -> CredentialSource {
+        CredentialSource::Static(HashMap::from([(self.host.clone(), cred)]))
+    }
     fn seen(&self) -> Vec<Seen> {
         self.seen.lock().unwrap().clone()
     }
@@ -234,22 +247,12 @@ async fn patch_is_not_retried() {
 
 #[tokio::test]
 async fn basic_auth_401_is_retried_once() {
-    let basic = || {
-        Answer::Http(
-            401,
-            vec![("WWW-Authenticate", "Basic realm=\"r\"".into())],
-            vec![],
-        )
-    };
+    let basic = basic_challenge;
     let m = mock(vec![basic(), basic(), basic(), basic()]).await;
-    let creds = CredentialSource::Static(HashMap::from([(
-        m.host.clone(),
-        Credential::Basic {
-            username: "u".into(),
-            password: "p".into(),
-        },
-    )]));
-    let c = m.client(creds);
+    let c = m.client(m.creds(Credential::Basic {
+        username: "u".into(),
+        password: "p".into(),
+    }));
     let r = c.head_blob(&m.reference(), &Digest::sha256(b"x")).await;
     assert!(
         matches!(r, Err(RegistryError::Unauthorized { .. })),
@@ -396,11 +399,7 @@ async fn redirect_keeps_range_and_drops_authorization_off_host() {
     )])
     .await;
     let m = mock(vec![
-        Answer::Http(
-            401,
-            vec![("WWW-Authenticate", "Basic realm=\"r\"".into())],
-            vec![],
-        ),
+        basic_challenge(),
         Answer::Http(
             307,
             vec![(
@@ -411,14 +410,10 @@ async fn redirect_keeps_range_and_drops_authorization_off_host() {
         ),
     ])
     .await;
-    let creds = CredentialSource::Static(HashMap::from([(
-        m.host.clone(),
-        Credential::Basic {
-            username: "u".into(),
-            password: "p".into(),
-        },
-    )]));
-    let c = m.client(creds);
+    let c = m.client(m.creds(Credential::Basic {
+        username: "u".into(),
+        password: "p".into(),
+    }));
     let got = c
         .get_blob_range(&m.reference(), &Digest::sha256(b"0123456789"), 2, 3)
         .await
@@ -475,11 +470,7 @@ async fn identity_token_uses_oauth2_refresh() {
         ok(b"x"),
     ])
     .await;
-    let creds = CredentialSource::Static(HashMap::from([(
-        m.host.clone(),
-        Credential::IdentityToken("R-1".into()),
-    )]));
-    let c = m.client(creds);
+    let c = m.client(m.creds(Credential::IdentityToken("R-1".into())));
     assert_eq!(
         c.head_blob(&m.reference(), &Digest::sha256(b"x"))
             .await
