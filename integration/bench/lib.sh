@@ -120,12 +120,15 @@ local_registry() { # $1 = storage root
     wait_registry "$REG"
 }
 
-start_stack() { # $1 = run dir; $2 = fill true|false
+# A weenv daemon of a bench run in dir $1: its config ($1/snap.toml, state under $1/$2, the
+# lines $3 in its [fill] section, $SNAP_EXTRA appended), started in the background (SNAP_PID;
+# log $1/snap.log). Its socket is $1/snap.sock (the caller waits for it).
+start_snapshotter() {
     local d=$1
     mkdir -p "$d"
     cat > "$d/snap.toml" <<EOF
 version = 1
-root_dir = "$d/snap"
+root_dir = "$d/$2"
 socket = "$d/snap.sock"
 log_level = "${SNAP_LOG:-warn}"
 [registry]
@@ -134,14 +137,19 @@ hosts_dir = "$d/none"
 [cache]
 disk_bytes = 8589934592
 [fill]
-enabled = $2
-${SNAP_FILL_EXTRA:-}
+$3
 [observability]
 listen = "unix:$d/status.sock"
 ${SNAP_EXTRA:-}
 EOF
     "$BIN/weenv-snapshotter" --config "$d/snap.toml" >"$d/snap.log" 2>&1 &
     SNAP_PID=$!; PIDS+=($SNAP_PID)
+}
+
+start_stack() { # $1 = run dir; $2 = fill true|false
+    local d=$1
+    start_snapshotter "$d" snap "enabled = $2
+${SNAP_FILL_EXTRA:-}"
     cat > "$d/ctd.toml" <<EOF
 version = 2
 root = "$d/ctd/root"

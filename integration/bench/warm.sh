@@ -38,25 +38,8 @@ log "registry $REG; converted: $(tail -1 "$W/convert.log")"
 # ---- two weenv daemons (native off / on) and one containerd ------------------------------
 start_daemon() { # $1 = name, $2 = native true|false
     local d="$W/$1"
-    mkdir -p "$d"
-    cat > "$d/snap.toml" <<EOF
-version = 1
-root_dir = "$d/root"
-socket = "$d/snap.sock"
-log_level = "${SNAP_LOG:-warn}"
-[registry]
-plain_http = ["$REG"]
-hosts_dir = "$d/none"
-[cache]
-disk_bytes = 8589934592
-[fill]
-quiet_ms = 0
-native = $2
-[observability]
-listen = "unix:$d/status.sock"
-EOF
-    "$BIN/weenv-snapshotter" --config "$d/snap.toml" >"$d/snap.log" 2>&1 &
-    PIDS+=($!)
+    start_snapshotter "$d" root "quiet_ms = 0
+native = $2"
     for _ in $(seq 100); do [ -S "$d/snap.sock" ] && return 0; sleep 0.1; done
     echo "daemon $1 did not start" >&2; exit 1
 }
