@@ -183,20 +183,7 @@ impl Node {
     /// `ctr run --rm` of `image` with `/bin/sh -c script`; its stdout.
     pub fn run(&self, image: &str, id: &str, script: &str) -> Result<String> {
         let ctd = self.containerd()?;
-        let o = ctd.ctr_ns(
-            ctd.namespace(),
-            &[
-                "run",
-                "--rm",
-                "--snapshotter",
-                "weenv",
-                image,
-                id,
-                "/bin/sh",
-                "-c",
-                script,
-            ],
-        )?;
+        let o = ctd.run_weenv_sh(ctd.namespace(), image, id, script)?;
         ensure!(
             o.status.success(),
             "node {}: ctr run {id} failed: {}{}",

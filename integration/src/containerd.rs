@@ -247,6 +247,31 @@ impl Containerd {
         c
     }
 
+    /// `ctr run --rm --snapshotter weenv IMAGE ID /bin/sh -c SCRIPT` in `namespace` (the
+    /// caller checks the exit status).
+    pub fn run_weenv_sh(
+        &self,
+        namespace: &str,
+        image: &str,
+        id: &str,
+        script: &str,
+    ) -> Result<Output> {
+        self.ctr_ns(
+            namespace,
+            &[
+                "run",
+                "--rm",
+                "--snapshotter",
+                "weenv",
+                image,
+                id,
+                "/bin/sh",
+                "-c",
+                script,
+            ],
+        )
+    }
+
     /// Like [`Containerd::ctr`] but fails with stdout/stderr when ctr exits non-zero.
     pub fn ctr_ok(&self, args: &[&str]) -> Result<String> {
         let o = self.ctr(args)?;

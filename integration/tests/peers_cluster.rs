@@ -40,6 +40,17 @@ async fn fixture() -> Result<Fixture> {
     })
 }
 
+/// A cluster over the fixture's registry whose nodes hedge a peer request after 2 s.
+fn hedged_cluster(fx: &Fixture) -> Result<Cluster> {
+    Cluster::start(
+        &fx.storage,
+        ClusterOptions {
+            hedge_ms: 2000,
+            ..Default::default()
+        },
+    )
+}
+
 /// Everything `node` fetched for its reads, in compressed bytes: from the registry (including
 /// frames it fetched on its peers' behalf) and from peers.
 fn fetched(node: &Node) -> Result<(u64, u64)> {
@@ -130,13 +141,7 @@ async fn four_nodes_fetch_the_image_about_once_and_a_fifth_gets_it_from_peers() 
 async fn a_peer_killed_mid_read_fails_no_read() -> Result<()> {
     let _serial = SERIAL.lock().await;
     let fx = fixture().await?;
-    let mut c = Cluster::start(
-        &fx.storage,
-        ClusterOptions {
-            hedge_ms: 2000,
-            ..Default::default()
-        },
-    )?;
+    let mut c = hedged_cluster(&fx)?;
     for i in 1..=4 {
         c.add_node(i, &[1, 2, 3, 4], &[])?;
     }
@@ -199,13 +204,7 @@ async fn a_peer_killed_mid_read_fails_no_read() -> Result<()> {
 async fn a_corrupting_peer_costs_no_wrong_byte_and_is_ejected() -> Result<()> {
     let _serial = SERIAL.lock().await;
     let fx = fixture().await?;
-    let mut c = Cluster::start(
-        &fx.storage,
-        ClusterOptions {
-            hedge_ms: 2000,
-            ..Default::default()
-        },
-    )?;
+    let mut c = hedged_cluster(&fx)?;
     let liar = c.corrupt_peer(9)?;
     c.add_node(1, &[1], std::slice::from_ref(&liar.addr))?;
     let t = c.node(1)?.cold_start(&fx.image, "d1")?;

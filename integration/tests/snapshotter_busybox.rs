@@ -77,20 +77,7 @@ async fn setup(fill: bool, via_hosts_toml: bool) -> Result<Env> {
 }
 
 fn run(e: &Env, ns: &str, image: &str, id: &str, script: &str) -> Result<String> {
-    let o = e.ctd.ctr_ns(
-        ns,
-        &[
-            "run",
-            "--rm",
-            "--snapshotter",
-            "weenv",
-            image,
-            id,
-            "/bin/sh",
-            "-c",
-            script,
-        ],
-    )?;
+    let o = e.ctd.run_weenv_sh(ns, image, id, script)?;
     ensure!(
         o.status.success(),
         "ctr run {image} failed: {} {}\ndaemon log:\n{}",
