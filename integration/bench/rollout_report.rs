@@ -232,15 +232,25 @@ fn targets(envs: &[Env], iters: &[Iter]) -> Vec<Target> {
             continue;
         }
         let med = median(&inits(envs, p));
+        let cold = |m: &str| -> Vec<f64> {
+            envs.iter()
+                .filter(|e| e.mode == m && e.iter == 1)
+                .filter_map(|e| e.init_s)
+                .collect()
+        };
         for (base, min) in [("bundles", 10.0), ("dynamic", 3.0)] {
             let (x, met) = speedup(median(&inits(envs, base)), med, min);
+            let (xc, _) = speedup(median(&cold(base)), median(&cold(p)), min);
             t.push(Target {
                 what: format!(
-                    "median init: {} ≥ {min}× faster than {}",
+                    "median init (all iterations): {} ≥ {min}× faster than {}",
                     label(p),
                     label(base)
                 ),
-                measured: fmt(x),
+                measured: match xc {
+                    Some(c) if x.is_some() => format!("{} (cold iteration alone: {c:.1}×)", fmt(x)),
+                    _ => fmt(x),
+                },
                 met,
             });
         }
@@ -339,8 +349,10 @@ fn report(
          `/status` per layer; weenv modes only). MB on the link: everything the registry side \
          sent in the cold iteration (`rx` of the shaped veth, all environments).\n"
     );
-    let mut h = String::from("| mode | init median (s) | init p90 (s) | task median (s) |");
-    let mut sep = String::from("|---|---:|---:|---:|");
+    let mut h = String::from(
+        "| mode | init median (s) | init p90 (s) | init median, cold (s) | task median (s) |",
+    );
+    let mut sep = String::from("|---|---:|---:|---:|---:|");
     for i in 1..=n_iter {
         let _ = write!(h, " iteration {i} (s) |");
         sep.push_str("---:|");
@@ -352,11 +364,17 @@ fn report(
         let e: Vec<&Env> = envs.iter().filter(|e| e.mode == mode).collect();
         let init = inits(envs, &mode);
         let task: Vec<f64> = e.iter().filter_map(|e| e.task_s).collect();
+        let cold_init: Vec<f64> = e
+            .iter()
+            .filter(|e| e.iter == 1)
+            .filter_map(|e| e.init_s)
+            .collect();
         let mut row = format!(
-            "| {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} |",
             label(&mode),
             f2(median(&init)),
             f2(quantile(&init, 0.9)),
+            f2(median(&cold_init)),
             f2(median(&task))
         );
         for i in 1..=n_iter {
@@ -750,9 +768,12 @@ plans\t2\t8\t0\t0
         let i = parse_iters(ITERS).unwrap();
         let t = targets(&e, &i);
         let get = |p: &str| t.iter().find(|t| t.what.contains(p)).unwrap().clone();
-        // bundles median 35 s / plans median 1.5 s = 23.3x >= 10.
+        // bundles median 35 s / plans median 1.5 s = 23.3x >= 10 (cold alone: 35 / 2 = 17.5x).
         let b = get("faster than static bundles, overlayfs");
-        assert_eq!((b.measured.as_str(), b.met), ("23.3×", Some(true)));
+        assert_eq!(
+            (b.measured.as_str(), b.met),
+            ("23.3× (cold iteration alone: 17.5×)", Some(true))
+        );
         // dynamic median 10.5 / 1.5 = 7x >= 3.
         assert_eq!(get("faster than dynamic").met, Some(true));
         // cold iteration 50 / 20 = 2.5x >= 2.
@@ -783,7 +804,7 @@ plans\t2\t8\t0\t0
         assert_eq!(targets(&e, &i).last().unwrap().met, Some(false));
         let md = report(&e, &i, &BTreeMap::new(), None);
         assert!(md.contains("reward none, expected 0"), "{md}");
-        assert!(md.contains("| static bundles, overlayfs full pull | 35.00 | 40.00 | 5.00 | 50.0 | – | 300 | – | 2/2 |"), "{md}");
+        assert!(md.contains("| static bundles, overlayfs full pull | 35.00 | 40.00 | 35.00 | 5.00 | 50.0 | – | 300 | – | 2/2 |"), "{md}");
     }
 
     #[test]
