@@ -247,6 +247,56 @@ fn opts(
     }
 }
 
+/// [`opts`] of the run `name` (image `env:NAME`, id `mut-NAME`) writing to its new dir
+/// `out-NAME`.
+fn named_opts(
+    e: &Env,
+    plan: PathBuf,
+    name: &str,
+    snapshotter: &str,
+) -> Result<(RunOptions, PathBuf)> {
+    let out = e.tmp.path().join(format!("out-{name}"));
+    std::fs::create_dir_all(&out)?;
+    let image = format!("{}/weenv/env:{name}", e.host);
+    let o = opts(e, plan, &image, &format!("mut-{name}"), snapshotter, &out);
+    Ok((o, out))
+}
+
+/// `weenv --config DEFAULTS run init.toml` of image `env:cli` (`extra` after `--plain-http`)
+/// with this stack's containerd, `snapshotter`, container `id` and resolution cache.
+fn cli_run(
+    e: &Env,
+    defaults: &Path,
+    snapshotter: &str,
+    id: &str,
+    extra: &[&str],
+) -> Result<std::process::Command> {
+    let mut c = std::process::Command::new(weenv_integration::util::workspace_bin("weenv")?);
+    c.arg("--config")
+        .arg(defaults)
+        .arg("run")
+        .arg(e.tmp.path().join("init.toml"))
+        .args([
+            "--image",
+            &format!("{}/weenv/env:cli", e.host),
+            "--plain-http",
+        ])
+        .args(extra)
+        .arg("--address")
+        .arg(e.ctd.address())
+        .args([
+            "--namespace",
+            e.ctd.namespace(),
+            "--snapshotter",
+            snapshotter,
+            "--id",
+            id,
+        ])
+        .arg("--cache-dir")
+        .arg(e.tmp.path().join("cache"));
+    Ok(c)
+}
+
 async fn scenario(lazy: bool) -> Result<()> {
     let e = setup(lazy).await?;
     let snap = if lazy { "weenv" } else { "overlayfs" };
@@ -296,20 +346,8 @@ async fn scenario(lazy: bool) -> Result<()> {
     }
     ensure!(trees.windows(2).all(|w| w[0] == w[1]), "{trees:#?}");
 
-    let out_init = e.tmp.path().join("out-init");
-    std::fs::create_dir_all(&out_init)?;
-    let rep = run_plan(
-        &e.client,
-        &opts(
-            &e,
-            plan,
-            &format!("{}/weenv/env:init", e.host),
-            "mut-init",
-            snap,
-            &out_init,
-        ),
-    )
-    .await?;
+    let (o, out_init) = named_opts(&e, plan, "init", snap)?;
+    let rep = run_plan(&e.client, &o).await?;
     ensure!(rep.exit_code == 0, "exit {}", rep.exit_code);
     println!(
         "{snap}: compose {:.1} ms, layers {:.1} ms {:?}, mutation {:.1} ms (apply {:.2} ms); {}",
@@ -350,28 +388,7 @@ async fn scenario(lazy: bool) -> Result<()> {
     // A config of defaults (not the host's /etc/weenv one; a missing --config is an error).
     let defaults = e.tmp.path().join("defaults.toml");
     std::fs::write(&defaults, "version = 1\n")?;
-    let o = std::process::Command::new(weenv_integration::util::workspace_bin("weenv")?)
-        .arg("--config")
-        .arg(&defaults)
-        .arg("run")
-        .arg(e.tmp.path().join("init.toml"))
-        .args([
-            "--image",
-            &format!("{}/weenv/env:cli", e.host),
-            "--plain-http",
-        ])
-        .arg("--address")
-        .arg(e.ctd.address())
-        .args([
-            "--namespace",
-            e.ctd.namespace(),
-            "--snapshotter",
-            snap,
-            "--id",
-            "mut-cli",
-        ])
-        .arg("--cache-dir")
-        .arg(e.tmp.path().join("cache"))
+    let o = cli_run(&e, &defaults, snap, "mut-cli", &[])?
         .arg("--mount")
         .arg(format!(
             "type=bind,src={},dst=/out,options=rbind:rw",
@@ -397,29 +414,7 @@ async fn scenario(lazy: bool) -> Result<()> {
 
     // the task's output and exit code come back through `weenv run` (FIFOs, Tasks.Wait), and
     // nothing is left behind after the run
-    let o = std::process::Command::new(weenv_integration::util::workspace_bin("weenv")?)
-        .arg("--config")
-        .arg(&defaults)
-        .arg("run")
-        .arg(e.tmp.path().join("init.toml"))
-        .args([
-            "--image",
-            &format!("{}/weenv/env:cli", e.host),
-            "--plain-http",
-            "--timings",
-        ])
-        .arg("--address")
-        .arg(e.ctd.address())
-        .args([
-            "--namespace",
-            e.ctd.namespace(),
-            "--snapshotter",
-            snap,
-            "--id",
-            "mut-exit",
-        ])
-        .arg("--cache-dir")
-        .arg(e.tmp.path().join("cache"))
+    let o = cli_run(&e, &defaults, snap, "mut-exit", &["--timings"])?
         .args([
             "--",
             "/bin/sh",
@@ -504,20 +499,8 @@ async fn scenario(lazy: bool) -> Result<()> {
         "blob",
         &format!("[mutation]\nblob = \"{d}\"\nroot = \"/src/repo\"\n"),
     )?;
-    let out_blob = e.tmp.path().join("out-blob");
-    std::fs::create_dir_all(&out_blob)?;
-    run_plan(
-        &e.client,
-        &opts(
-            &e,
-            plan,
-            &format!("{}/weenv/env:blob", e.host),
-            "mut-blob",
-            snap,
-            &out_blob,
-        ),
-    )
-    .await?;
+    let (o, out_blob) = named_opts(&e, plan, "blob", snap)?;
+    run_plan(&e.client, &o).await?;
     let tree_blob = std::fs::read_to_string(out_blob.join("tree"))?;
     ensure!(
         tree_blob == tree_init,
@@ -547,20 +530,8 @@ async fn scenario(lazy: bool) -> Result<()> {
             e.host
         ),
     )?;
-    let out_pre = e.tmp.path().join("out-pre");
-    std::fs::create_dir_all(&out_pre)?;
-    run_plan(
-        &e.client,
-        &opts(
-            &e,
-            plan,
-            &format!("{}/weenv/env:pre", e.host),
-            "mut-pre",
-            snap,
-            &out_pre,
-        ),
-    )
-    .await?;
+    let (o, out_pre) = named_opts(&e, plan, "pre", snap)?;
+    run_plan(&e.client, &o).await?;
     let tree_pre = std::fs::read_to_string(out_pre.join("tree"))?;
     ensure!(
         tree_init == tree_pre,
@@ -606,22 +577,11 @@ async fn scenario(lazy: bool) -> Result<()> {
         "bad",
         "[mutation]\npatch = \"bad.diff\"\nroot = \"/src/repo\"\n",
     )?;
-    let out_bad = e.tmp.path().join("out-bad");
-    std::fs::create_dir_all(&out_bad)?;
-    let err = run_plan(
-        &e.client,
-        &opts(
-            &e,
-            plan,
-            &format!("{}/weenv/env:bad", e.host),
-            "mut-bad",
-            snap,
-            &out_bad,
-        ),
-    )
-    .await
-    .err()
-    .context("a rejected hunk must fail the run")?;
+    let (o, out_bad) = named_opts(&e, plan, "bad", snap)?;
+    let err = run_plan(&e.client, &o)
+        .await
+        .err()
+        .context("a rejected hunk must fail the run")?;
     ensure!(matches!(err, RunError::Mutation { .. }), "{err}");
     let msg = err.to_string() + &format!("{:?}", err);
     ensure!(msg.contains("app.py") && msg.contains("hunk #1"), "{msg}");

@@ -50,19 +50,11 @@ async fn recorded_profile_is_prefetched_at_mount() -> Result<()> {
 
     // 1. Record: cold node, no fill, run the command once, read the profile.
     let plain = format!("{}/python:weenv", proxy.host());
-    let (profile, cold_served) = {
-        let d = Daemon::start(&tmp.path().join("snap-a"), &py.daemon_options())?;
-        let ctd = Containerd::start(ContainerdOptions {
-            proxy_snapshotter: Some(d.socket.clone()),
-            ..Default::default()
-        })?;
-        d.pull(ctd.address(), "a", &plain)?;
-        d.weenv(&["profile", "--reset"])?;
+    let (profile, cold_served) = py.record_profile(&tmp.path().join("snap-a"), &plain, |ctd| {
         proxy.stats().clear();
-        run_python(&ctd, "a", &plain, "rec")?;
-        let served = proxy.stats().bytes_served();
-        (d.weenv(&["profile"])?, served)
-    };
+        run_python(ctd, "a", &plain, "rec")?;
+        Ok(proxy.stats().bytes_served())
+    })?;
     let paths: Vec<&str> = profile.lines().collect();
     println!(
         "profile: {} files ({} read in part); the cold run without a profile fetched \

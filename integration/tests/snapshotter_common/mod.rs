@@ -319,6 +319,27 @@ impl PythonImage {
             fill_extra: std::env::var("WEENV_TEST_FILL_EXTRA").unwrap_or_default(),
         }
     }
+
+    /// Records a start-up profile on a cold node (a daemon under `root` with
+    /// [`Self::daemon_options`] and its own containerd): pulls `image` into namespace `a`,
+    /// resets the profile, calls `run`; the profile, and what `run` returned.
+    pub fn record_profile<T>(
+        &self,
+        root: &Path,
+        image: &str,
+        run: impl FnOnce(&weenv_integration::containerd::Containerd) -> Result<T>,
+    ) -> Result<(String, T)> {
+        use weenv_integration::containerd::{Containerd, ContainerdOptions};
+        let d = Daemon::start(root, &self.daemon_options())?;
+        let ctd = Containerd::start(ContainerdOptions {
+            proxy_snapshotter: Some(d.socket.clone()),
+            ..Default::default()
+        })?;
+        d.pull(ctd.address(), "a", image)?;
+        d.weenv(&["profile", "--reset"])?;
+        let out = run(&ctd)?;
+        Ok((d.weenv(&["profile"])?, out))
+    }
 }
 
 /// `ctr run --rm --snapshotter SNAPSHOTTER IMAGE ID CMD...` in namespace `ns`; its stdout.
