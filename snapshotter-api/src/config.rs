@@ -216,8 +216,8 @@ pub struct PrefetchSection {
     #[serde(default = "default_prefetch_concurrency")]
     pub concurrency: usize,
     /// Prefetch requests are sent only after on-demand fetches have been idle this long (ms),
-    /// so a command the profile did not record is not slowed down by it (frames readers take
-    /// out of queued prefetch requests count as on-demand). Default: the layer store's (100).
+    /// so a command the profile did not record is not slowed down by it (reads of frames the
+    /// prefetch was about to send do not count). Default: the layer store's (100).
     #[serde(default)]
     pub quiet_ms: Option<u64>,
     /// Compressed bytes per prefetch request. Default 1 MiB.

@@ -33,9 +33,9 @@ pub struct FillConfig {
     /// read shares the link with no more than this (a single larger request may go alone).
     /// Default: 4 MiB (one fill request).
     pub background_bytes: u64,
-    /// Start-up prefetch requests are sent only after on-demand fetches (frames readers took
-    /// out of queued prefetch requests included) have been idle for this long (ms).
-    /// Default: 100.
+    /// Start-up prefetch requests are sent only after on-demand fetches have been idle for
+    /// this long (ms); reads of frames the prefetch was about to send (`LinkQueue::predicted`)
+    /// do not count. Default: 100.
     pub prefetch_quiet_ms: u64,
     /// Priority of background CPU and disk work (see `fetch::cpu`). Default: idle.
     pub cpu_priority: CpuPriority,

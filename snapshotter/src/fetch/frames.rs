@@ -17,7 +17,7 @@
 //! - if a claimer is cancelled, its claims are released and waiters retry (no lost wakeups).
 //! - every range request goes through the node's [`LinkScheduler`]: on-demand and read-ahead
 //!   requests are sent at once, start-up prefetch and fill requests wait below them; an
-//!   on-demand read of a frame a background call claimed but has not sent yet takes that
+//!   on-demand (or read-ahead) read of a frame a background call claimed but has not sent yet takes that
 //!   frame ([`super::link::Carve`]): the reader fetches only it, at once, as demand, and the
 //!   call's request leaves it out; a fill request claims its frames only once the link admits
 //!   it (see [`super::link`]); background frames decode at low CPU priority ([`super::cpu`])
@@ -141,6 +141,8 @@ impl Drop for Claim<'_> {
 enum Plan<'a> {
     Have(Bytes),
     Fetch(Claim<'a>),
+    /// Taken out of a queued background request; predicted (see `LinkQueue::predicted`)?
+    Take(Claim<'a>, bool),
     Wait(watch::Receiver<Slot>, Option<Arc<Promotion>>),
 }
 
@@ -371,7 +373,7 @@ impl FrameStore {
     }
 
     /// Have, fetch (claimed now, or taken out of a background call's queued request by an
-    /// on-demand reader) or wait for `frame`. A background call (`promotion`) queues what it
+    /// on-demand or read-ahead reader) or wait for `frame`. A background call (`promotion`) queues what it
     /// claims: readers may take it until its request is sent.
     fn plan_one(
         &self,
@@ -387,18 +389,23 @@ impl FrameStore {
             let mut map = self.inflight.lock();
             if let Some(f) = map.get_mut(&frame.digest) {
                 // Lock order: inflight -> promotion (the call's `send` takes only the latter).
-                if let (Priority::OnDemand, Some(p)) = (prio, &f.promotion) {
-                    if p.take(&frame.digest) {
+                // Read-ahead takes too: it is demand (a read's neighbours), and waiting for a
+                // paused prefetch would lose what it is for.
+                if let (Priority::OnDemand | Priority::ReadAhead, Some(p)) = (prio, &f.promotion) {
+                    if let Some(ticket) = p.take(&frame.digest) {
                         // Queued in a background request: the reader fetches it now, alone.
+                        // Lock order: inflight -> promotion -> link queue.
+                        let predicted = ticket.is_some_and(|t| self.link.predicted(t));
                         let tx: SharedTx = Arc::new(Mutex::new(f.tx.lock().take()));
                         f.tx = tx.clone();
                         f.promotion = None;
                         self.metrics.link_promotions.fetch_add(1, Ordering::Relaxed);
-                        return Plan::Fetch(Claim {
+                        let claim = Claim {
                             store: self,
                             digest: frame.digest.clone(),
                             tx,
-                        });
+                        };
+                        return Plan::Take(claim, predicted);
                     }
                 }
                 return Plan::Wait(f.rx.clone(), f.promotion.clone());
@@ -460,6 +467,8 @@ impl FrameStore {
         let mut out: Vec<Option<Bytes>> = vec![None; idxs.len()];
         loop {
             let mut claims: Vec<(usize, FrameIdx, Claim<'_>)> = Vec::new();
+            // Only frames taken out of requests the link was about to send (predicted).
+            let mut predicted = true;
             let mut waits: Vec<(usize, watch::Receiver<Slot>)> = Vec::new();
             for (i, idx) in idxs.iter().enumerate() {
                 if out[i].is_some() {
@@ -468,7 +477,14 @@ impl FrameStore {
                 let f = Self::frame(frames, *idx)?;
                 match self.plan_one(f, prio, promotion.as_ref()) {
                     Plan::Have(b) => out[i] = Some(b),
-                    Plan::Fetch(c) => claims.push((i, *idx, c)),
+                    Plan::Fetch(c) => {
+                        predicted = false;
+                        claims.push((i, *idx, c));
+                    }
+                    Plan::Take(c, p) => {
+                        predicted &= p;
+                        claims.push((i, *idx, c));
+                    }
                     Plan::Wait(rx, p) => {
                         // A reader waits for a frame a background call is sending: the rest
                         // of that call decodes at normal priority.
@@ -482,7 +498,14 @@ impl FrameStore {
             let mut first_err = None;
             if !claims.is_empty() {
                 let fetched = self
-                    .fetch_claimed(frames, source, claims, prio, promotion.as_deref())
+                    .fetch_claimed(
+                        frames,
+                        source,
+                        claims,
+                        prio,
+                        predicted,
+                        promotion.as_deref(),
+                    )
                     .await;
                 for (i, r) in fetched {
                     match r {
@@ -518,12 +541,19 @@ impl FrameStore {
         source: &Arc<dyn RangeSource>,
         claims: Vec<(usize, FrameIdx, Claim<'a>)>,
         prio: Priority,
+        predicted: bool,
         promotion: Option<&Promotion>,
     ) -> Vec<(usize, Result<Bytes, FetchError>)> {
-        // Demand goes at once (and holds background requests back while in flight); a fill
-        // call holds its permit already; prefetch requests queue per request (run_request).
-        let _demand =
-            matches!(prio, Priority::OnDemand | Priority::ReadAhead).then(|| self.link.demand());
+        // Demand goes at once (and holds background requests back while in flight; only
+        // unpredicted demand starts their quiet time); a fill call holds its permit already;
+        // prefetch requests queue per request (run_request).
+        let _demand = matches!(prio, Priority::OnDemand | Priority::ReadAhead).then(|| {
+            if predicted {
+                self.link.demand_predicted()
+            } else {
+                self.link.demand()
+            }
+        });
         let mut by_idx: Claims<'a> = HashMap::new();
         for (i, idx, c) in claims {
             by_idx.entry(idx).or_default().push((i, c));
@@ -653,7 +683,19 @@ impl FrameStore {
         promotion: Option<&Promotion>,
     ) -> Vec<(usize, Result<Bytes, FetchError>)> {
         let _prefetch_permit = match prio {
-            Priority::Prefetch => Some(self.link.background(Class::Prefetch, req.len).await),
+            Priority::Prefetch => {
+                let permit = self.link.queue(Class::Prefetch, req.len);
+                if let Some(p) = promotion {
+                    let digests = req
+                        .frames
+                        .iter()
+                        .filter_map(|i| frames.get(i.0 as usize))
+                        .map(|f| f.digest.clone());
+                    p.queued_in(digests, permit.id());
+                }
+                self.link.admitted(&permit).await;
+                Some(permit)
+            }
             _ => None,
         };
         let Some(p) = promotion else {

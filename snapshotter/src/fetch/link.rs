@@ -20,8 +20,13 @@
 //!   request, nor for bytes it did not ask for (a start-up profile recorded for another command
 //!   names the frames this command reads, in another order, in batches). A frame whose request
 //!   is on the wire already is waited for (its decode is raised to normal CPU priority,
-//!   [`Promotion::raise`]). A carved read is demand like any other: background requests wait
-//!   for it and for the quiet time after it.
+//!   [`Promotion::raise`]). Background requests wait while a carved read is in flight. After
+//!   it, the quiet time starts unless the read was *predicted*: its request had no more than
+//!   `background_bytes` queued before it ([`LinkQueue::predicted`]): the reader's
+//!   command follows the profile (the one it was recorded for), just ahead of the prefetch,
+//!   which goes on; a read far down the queue comes from a command reading in another order
+//!   (a profile recorded for another command), and the prefetch pauses for it like for any
+//!   unpredicted read.
 //!
 //! [`LinkScheduler`] is the async shell: waiters pump the queue themselves (on every change
 //! and when a quiet time ends), permits release on drop (also when a waiter is cancelled).
@@ -133,6 +138,31 @@ impl LinkQueue {
         self.note_demand(now);
     }
 
+    /// A predicted demand request is sent: frames a reader took out of a background request
+    /// the link was about to send ([`LinkQueue::predicted`]). Background requests wait for it,
+    /// but it starts no quiet time: the prefetch is just behind its command, and goes on.
+    pub fn predicted_started(&mut self) {
+        self.demand += 1;
+    }
+
+    /// A predicted demand request ended.
+    pub fn predicted_ended(&mut self) {
+        self.demand = self.demand.saturating_sub(1);
+    }
+
+    /// Whether a reader taking frames out of queued request `id` follows the background work
+    /// (the command the profile was recorded for, reading in its order): no more than
+    /// `background_bytes` of background requests are queued before it. Far ahead of the
+    /// queue's head, the reader's command reads in another order (a profile recorded for
+    /// another command): its reads are demand like any other.
+    pub fn predicted(&self, id: TicketId, p: &LinkPolicy) -> bool {
+        let Some(class) = self.queue.keys().find(|(_, i)| *i == id).map(|(c, _)| *c) else {
+            return false;
+        };
+        let ahead: u64 = self.queue.range(..(class, id)).map(|(_, b)| *b).sum();
+        ahead <= p.background_bytes
+    }
+
     /// Demand requests in flight.
     pub fn demand_in_flight(&self) -> usize {
         self.demand
@@ -213,12 +243,15 @@ pub enum Part {
 #[derive(Debug)]
 pub struct Carve<K> {
     parts: HashMap<K, Part>,
+    /// The queued request holding each frame.
+    tickets: HashMap<K, TicketId>,
 }
 
 impl<K> Default for Carve<K> {
     fn default() -> Self {
         Carve {
             parts: HashMap::new(),
+            tickets: HashMap::new(),
         }
     }
 }
@@ -273,6 +306,18 @@ impl<K: Eq + Hash + Clone> Carve<K> {
     pub fn part(&self, k: &K) -> Option<Part> {
         self.parts.get(k).copied()
     }
+
+    /// `ks` wait in queued request `id`.
+    pub fn queued_in(&mut self, ks: impl IntoIterator<Item = K>, id: TicketId) {
+        for k in ks {
+            self.tickets.insert(k, id);
+        }
+    }
+
+    /// The queued request `k` waits in, if known.
+    pub fn ticket(&self, k: &K) -> Option<TicketId> {
+        self.tickets.get(k).copied()
+    }
 }
 
 /// A background (prefetch, fill) call as readers see it: frames they may take out of its
@@ -300,9 +345,15 @@ impl Promotion {
         self.carve.lock().queue(k);
     }
 
-    /// See [`Carve::take`].
-    pub fn take(&self, k: &Digest) -> bool {
-        self.carve.lock().take(k)
+    /// See [`Carve::take`]; with the queued request `k` waited in, if known.
+    pub fn take(&self, k: &Digest) -> Option<Option<TicketId>> {
+        let mut c = self.carve.lock();
+        c.take(k).then(|| c.ticket(k))
+    }
+
+    /// See [`Carve::queued_in`].
+    pub fn queued_in(&self, ks: impl IntoIterator<Item = Digest>, id: TicketId) {
+        self.carve.lock().queued_in(ks, id);
     }
 
     /// See [`Carve::send`].
@@ -325,12 +376,16 @@ pub struct LinkScheduler {
 }
 
 /// A demand request in flight; ends on drop.
-pub struct DemandPermit<'a>(&'a LinkScheduler);
+pub struct DemandPermit<'a>(&'a LinkScheduler, bool);
 
 impl Drop for DemandPermit<'_> {
     fn drop(&mut self) {
         let now = self.0.now();
-        self.0.q.lock().demand_ended(now);
+        if self.1 {
+            self.0.q.lock().predicted_ended();
+        } else {
+            self.0.q.lock().demand_ended(now);
+        }
         self.0.changed.notify_waiters();
     }
 }
@@ -340,6 +395,13 @@ impl Drop for DemandPermit<'_> {
 pub struct BgPermit<'a> {
     sched: &'a LinkScheduler,
     id: TicketId,
+}
+
+impl BgPermit<'_> {
+    /// The request's id.
+    pub fn id(&self) -> TicketId {
+        self.id
+    }
 }
 
 impl Drop for BgPermit<'_> {
@@ -379,16 +441,39 @@ impl LinkScheduler {
     pub fn demand(&self) -> DemandPermit<'_> {
         let now = self.now();
         self.q.lock().demand_started(now);
-        DemandPermit(self)
+        DemandPermit(self, false)
+    }
+
+    /// Sends a predicted demand request now (see [`LinkQueue::predicted_started`]).
+    pub fn demand_predicted(&self) -> DemandPermit<'_> {
+        self.q.lock().predicted_started();
+        DemandPermit(self, true)
+    }
+
+    /// Whether taking frames out of queued request `id` is predicted demand
+    /// ([`LinkQueue::predicted`]).
+    pub fn predicted(&self, id: TicketId) -> bool {
+        self.q.lock().predicted(id, &self.policy)
     }
 
     /// Waits until a background request of `bytes` and `class` may be sent; hold the permit
     /// while it is in flight.
     pub async fn background(&self, class: Class, bytes: u64) -> BgPermit<'_> {
-        let permit = BgPermit {
+        let permit = self.queue(class, bytes);
+        self.admitted(&permit).await;
+        permit
+    }
+
+    /// Queues a background request of `bytes` and `class` (its place: the permit).
+    pub fn queue(&self, class: Class, bytes: u64) -> BgPermit<'_> {
+        BgPermit {
             sched: self,
             id: self.q.lock().enqueue(class, bytes),
-        };
+        }
+    }
+
+    /// Waits until queued request `permit` may be sent.
+    pub async fn admitted(&self, permit: &BgPermit<'_>) {
         loop {
             let changed = self.changed.notified();
             tokio::pin!(changed);
@@ -404,7 +489,7 @@ impl LinkScheduler {
             }
             match state {
                 Some(TicketState::Queued) => {}
-                _ => return permit,
+                _ => return,
             }
             match pump.recheck_in {
                 Some(d) => {
@@ -544,6 +629,36 @@ mod tests {
     }
 
     #[test]
+    fn a_read_just_ahead_of_the_prefetch_is_predicted_one_far_down_the_queue_is_not() {
+        let p = policy(); // background_bytes 10
+        let mut q = LinkQueue::default();
+        let f = q.enqueue(Class::Fill, 100);
+        let r: Vec<_> = (0..5).map(|_| q.enqueue(Class::Prefetch, 4)).collect();
+        // 0, 4 and 8 bytes of prefetch queued before: the prefetch would send them next.
+        assert!(q.predicted(r[0], &p) && q.predicted(r[1], &p) && q.predicted(r[2], &p));
+        // 12 and 16 bytes before: the reader's command reads in another order.
+        assert!(!q.predicted(r[3], &p) && !q.predicted(r[4], &p));
+        assert!(!q.predicted(f, &p), "fill is behind all the prefetch");
+        assert!(!q.predicted(999, &p), "unknown");
+        // Predicted demand holds background requests back but starts no quiet time.
+        q.demand_ended(MS(1000));
+        q.predicted_started();
+        assert!(q.pump(MS(5000), &p).admitted.is_empty(), "in flight");
+        q.predicted_ended();
+        assert_eq!(q.pump(MS(5000), &p).admitted, vec![r[0], r[1]]);
+        // Unpredicted demand: the quiet time follows it.
+        q.demand_started(MS(5000));
+        q.release(r[0]);
+        q.release(r[1]);
+        q.demand_ended(MS(5010));
+        assert_eq!(q.pump(MS(5050), &p).recheck_in, Some(MS(60)));
+        assert!(
+            q.predicted(r[4], &p),
+            "the queue moved: 8 bytes before it now"
+        );
+    }
+
+    #[test]
     fn released_while_queued_leaves_no_trace() {
         let mut q = LinkQueue::default();
         let a = q.enqueue(Class::Fill, 1);
@@ -556,12 +671,12 @@ mod tests {
         /// Whatever happens, nothing is admitted while demand is in flight, the bytes bound
         /// holds (a request alone excepted), and class caps hold.
         #[test]
-        fn invariants_hold(ops in proptest::collection::vec((0u8..5, 1u64..20), 1..80)) {
+        fn invariants_hold(ops in proptest::collection::vec((0u8..7, 1u64..20), 1..80)) {
             let p = policy();
             let mut q = LinkQueue::default();
             let mut now = MS(0);
             let mut ids: Vec<TicketId> = Vec::new();
-            let mut demand = 0;
+            let (mut demand, mut predicted) = (0, 0);
             for (op, x) in ops {
                 now += MS(x * 20);
                 match op {
@@ -570,8 +685,22 @@ mod tests {
                     2 => { q.demand_started(now); demand += 1; }
                     3 if demand > 0 => { q.demand_ended(now); demand -= 1; }
                     4 if !ids.is_empty() => { let id = ids.remove(x as usize % ids.len()); q.release(id); }
+                    5 => {
+                        // A reader takes frames out of a queued request: predicted or not.
+                        if let Some(id) = ids.get(x as usize % ids.len().max(1)) {
+                            if q.predicted(*id, &p) { q.predicted_started(); predicted += 1; }
+                            else { q.demand_started(now); demand += 1; }
+                        }
+                    }
+                    6 if predicted > 0 => {
+                        let last = q.last_demand;
+                        q.predicted_ended();
+                        predicted -= 1;
+                        proptest::prop_assert_eq!(q.last_demand, last, "no quiet time");
+                    }
                     _ => {}
                 }
+                proptest::prop_assert_eq!(q.demand_in_flight(), demand + predicted);
                 let before = q.running.len();
                 let pump = q.pump(now, &p);
                 if q.demand_in_flight() > 0 {
