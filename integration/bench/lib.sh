@@ -177,7 +177,12 @@ stop_stack() { # $1 = run dir
     fi
     kill "$CTD_PID" 2>/dev/null; wait "$CTD_PID" 2>/dev/null || true
     umount_below "$1/ctd"
-    kill "$SNAP_PID" 2>/dev/null; wait "$SNAP_PID" 2>/dev/null || true
+    kill "$SNAP_PID" 2>/dev/null
+    # A daemon that does not stop in 30 s (seen: FUSE workers blocked on a lazily unmounted
+    # session) is killed, so that the benchmark goes on.
+    for _ in $(seq 300); do kill -0 "$SNAP_PID" 2>/dev/null || break; sleep 0.1; done
+    kill -0 "$SNAP_PID" 2>/dev/null && { log "daemon $SNAP_PID did not stop in 30 s: SIGKILL"; kill -9 "$SNAP_PID"; }
+    wait "$SNAP_PID" 2>/dev/null || true
     umount_below "$1"
     rm -rf "$1"
 }

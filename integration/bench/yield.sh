@@ -52,13 +52,14 @@ log "converted: $(tail -1 "$W/convert.log")"
 
 weenv_() { "$BIN/weenv" --config "$1/snap.toml" "${@:2}"; }
 pull() { weenv_ "$1" pull -a "$1/ctd.sock" -n default --plain-http "$2" >/dev/null; }
+# Container ids carry the script's pid: runc's state is per host, other benchmarks may run.
 run() { ctr -a "$1/ctd.sock" run --rm --snapshotter weenv "$2" "$3" python3 -c "$4" >/dev/null; }
 since() { echo "$(now) - $1" | bc; }
 # ---- (b) the profile of a bigger command -------------------------------------------------
 d="$W/record"; start_stack "$d" false
 pull "$d" "$REG/bench:weenv"
 weenv_ "$d" profile --reset >/dev/null
-run "$d" "$REG/bench:weenv" rec "$BIG"
+run "$d" "$REG/bench:weenv" "rec-$$" "$BIG"
 weenv_ "$d" profile >"$W/big.profile"
 stop_stack "$d"
 "$BIN/weenv-convert" --plain-http "$REG" prefetch "$REG/bench:weenv" --profile "$W/big.profile" \
@@ -72,10 +73,10 @@ for i in $(seq "$RUNS"); do
         [[ $PARTS == *a* ]] || break
         if [ $k = noyield ]; then export SNAP_FILL_EXTRA=$'cpu_priority = "normal"\nbusy_ms = 0'; else unset SNAP_FILL_EXTRA; fi
         d="$W/a-$k-$i"; start_stack "$d" true
-        t0=$(now); pull "$d" "$REG/bench:weenv"; run "$d" "$REG/bench:weenv" c1 "$CMD"; R[${k}_cold]+="$(since "$t0") "
-        t0=$(now); run "$d" "$REG/bench:weenv" c2 "$CMD"; R[${k}_early]+="$(since "$t0") "
+        t0=$(now); pull "$d" "$REG/bench:weenv"; run "$d" "$REG/bench:weenv" "c1-$$" "$CMD"; R[${k}_cold]+="$(since "$t0") "
+        t0=$(now); run "$d" "$REG/bench:weenv" "c2-$$" "$CMD"; R[${k}_early]+="$(since "$t0") "
         wait_fill "$d" # Done comes after the completion check and the native switch
-        t0=$(now); run "$d" "$REG/bench:weenv" c3 "$CMD"; R[${k}_late]+="$(since "$t0") "
+        t0=$(now); run "$d" "$REG/bench:weenv" "c3-$$" "$CMD"; R[${k}_late]+="$(since "$t0") "
         stop_stack "$d"
     done
     unset SNAP_FILL_EXTRA
@@ -85,7 +86,7 @@ for i in $(seq "$RUNS"); do
         [[ $PARTS == *b* ]] || break
         img="$REG/bench:weenv"; [ $k = big ] && img="$REG/bench:weenv-big"
         d="$W/b-$k-$i"; start_stack "$d" true
-        b0=$(rx); t0=$(now); pull "$d" "$img"; run "$d" "$img" c1 "$CMD"; R[b_$k]+="$(since "$t0") "
+        b0=$(rx); t0=$(now); pull "$d" "$img"; run "$d" "$img" "c1-$$" "$CMD"; R[b_$k]+="$(since "$t0") "
         R[b_${k}_bytes]+="$(($(rx) - b0)) "
         stop_stack "$d"
     done
