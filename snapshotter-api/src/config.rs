@@ -220,7 +220,8 @@ pub struct PrefetchSection {
     /// prefetch was about to send do not count). Default: the layer store's (100).
     #[serde(default)]
     pub quiet_ms: Option<u64>,
-    /// Compressed bytes per prefetch request. Default 1 MiB.
+    /// Compressed bytes per prefetch request (a reader shares the link with at most one per
+    /// prefetch connection). Default 256 KiB.
     #[serde(default = "default_prefetch_batch_bytes")]
     pub batch_bytes: u64,
 }
@@ -229,7 +230,7 @@ fn default_prefetch_concurrency() -> usize {
     4
 }
 fn default_prefetch_batch_bytes() -> u64 {
-    1 << 20
+    256 << 10
 }
 
 impl Default for PrefetchSection {

@@ -84,8 +84,8 @@ pub struct FillConfig {
     pub prefetch: bool,
     /// Concurrent start-up prefetch requests on the node. Default: 4.
     pub prefetch_concurrency: usize,
-    /// Compressed bytes per start-up prefetch request (small, so a waiting reader gets its
-    /// frame after its own request). Default: 1 MiB.
+    /// Compressed bytes per start-up prefetch request (small: an on-demand read shares the
+    /// link with at most one such request per prefetch connection). Default: 256 KiB.
     pub prefetch_batch_bytes: u64,
     /// Check each entry's tar header against its TOC entry before serving any byte of the
     /// file, and before exposing an entry that can raise privilege (setuid/setgid, devices,
@@ -119,7 +119,7 @@ impl Default for FillConfig {
             max_request_bytes: 16 << 20,
             prefetch: true,
             prefetch_concurrency: 4,
-            prefetch_batch_bytes: 1 << 20,
+            prefetch_batch_bytes: 256 << 10,
             check_headers: true,
             native: true,
         }
