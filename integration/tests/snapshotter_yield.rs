@@ -37,17 +37,9 @@ async fn a_read_the_profile_did_not_predict_goes_before_the_queued_prefetch() ->
 
     // 1. Record the big profile on a cold node (fill off).
     let plain = format!("{}/python:weenv", py.proxy.host());
-    let profile = {
-        let d = Daemon::start(&tmp.path().join("snap-rec"), &py.daemon_options())?;
-        let ctd = Containerd::start(ContainerdOptions {
-            proxy_snapshotter: Some(d.socket.clone()),
-            ..Default::default()
-        })?;
-        d.pull(ctd.address(), "a", &plain)?;
-        d.weenv(&["profile", "--reset"])?;
-        ctr_run(&ctd, "a", "weenv", &plain, "rec", &["python3", "-c", BIG])?;
-        d.weenv(&["profile"])?
-    };
+    let (profile, _) = py.record_profile(&tmp.path().join("snap-rec"), &plain, |ctd| {
+        ctr_run(ctd, "a", "weenv", &plain, "rec", &["python3", "-c", BIG])
+    })?;
     let file = tmp.path().join("big.profile");
     std::fs::write(&file, &profile)?;
     let big_direct = format!("{}/python:weenv-big", py.reg.host());
