@@ -159,7 +159,12 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
-    match rt.block_on(weenv_snapshotter::daemon::run(cfg)) {
+    let res = rt.block_on(weenv_snapshotter::daemon::run(cfg));
+    // Dropping the runtime would wait for every blocking task, and one may be parked on the
+    // FUSE session that was just detached while containers still use it (seen: a daemon that
+    // took SIGTERM and did not exit for 14 minutes). The process exit ends them instead.
+    rt.shutdown_timeout(std::time::Duration::from_secs(5));
+    match res {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!(error = %e, "weenv-snapshotter failed");
