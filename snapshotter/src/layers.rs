@@ -163,6 +163,10 @@ pub struct LayerStore {
     handed_over: AtomicBool,
     /// The thread sending live opens to the keeper.
     open_log: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// The FUSE INTERRUPT probe: its lookup on our own mount must be answered while the
+    /// workers live, or its thread waits in the kernel forever and keeps the process (and the
+    /// session's fd) from ending.
+    probe: Mutex<Option<std::thread::JoinHandle<()>>>,
     fills: Mutex<HashMap<Digest, JoinHandle<()>>>,
     fill_budget: Arc<FillShared>,
 }
@@ -399,6 +403,7 @@ impl LayerStore {
                 keeper,
                 handed_over: AtomicBool::new(false),
                 open_log: Mutex::new(open_log),
+                probe: Mutex::new(None),
                 fills: Mutex::new(HashMap::new()),
                 fill_budget: Arc::new(FillShared::default()),
                 cfg,
@@ -434,7 +439,7 @@ impl LayerStore {
         }
         let notifier = Some(session.notifier());
         let session = session.spawn().map_err(mount_err)?;
-        {
+        let probe = {
             // Off the start path: the probe holds one lookup for a few hundred ms.
             let (st, mp) = (st.clone(), cfg.mountpoint.clone());
             let probe = std::thread::Builder::new()
@@ -446,10 +451,14 @@ impl LayerStore {
                         "FUSE INTERRUPT probe (the kernel stops sending interrupts)"
                     );
                 });
-            if let Err(e) = probe {
-                tracing::warn!(error = %e, "cannot start the FUSE INTERRUPT probe");
+            match probe {
+                Ok(h) => Some(h),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot start the FUSE INTERRUPT probe");
+                    None
+                }
             }
-        }
+        };
         tracing::info!(
             mountpoint = %cfg.mountpoint.display(),
             passthrough = st.passthrough.active(),
@@ -463,6 +472,7 @@ impl LayerStore {
             keeper,
             handed_over: AtomicBool::new(false),
             open_log: Mutex::new(open_log),
+            probe: Mutex::new(probe),
             notifier,
             fills: Mutex::new(HashMap::new()),
             fill_budget: Arc::new(FillShared::default()),
@@ -962,6 +972,7 @@ impl LayerStore {
             h.abort();
         }
         self.handed_over.store(true, Ordering::Release);
+        self.join_probe();
         self.st.passthrough.leak_backing_ids();
         // The keeper gets every open recorded so far (opens answered from now until the
         // process exits are not recorded).
@@ -979,6 +990,14 @@ impl LayerStore {
         tracing::info!(mountpoint = %self.cfg.mountpoint.display(), "FUSE session left to the keeper for the next daemon");
     }
 
+    /// Waits for the INTERRUPT probe (about [`crate::fs::interrupt::HOLD`], at most a few
+    /// seconds) while the session still answers it.
+    fn join_probe(&self) {
+        if let Some(h) = self.probe.lock().take() {
+            let _ = h.join();
+        }
+    }
+
     /// Stops fills and unmounts the session (lazily if it is still in use); the keeper, if
     /// any, forgets it.
     pub fn shutdown(&self) {
@@ -989,6 +1008,7 @@ impl LayerStore {
             h.abort();
         }
         drop(self.pending.lock().take());
+        self.join_probe();
         let Some(session) = self.session.lock().take() else {
             return;
         };
