@@ -129,6 +129,22 @@ pub async fn run_prefetch(
 mod tests {
     use super::*;
     use crate::fetch::testutil::{six_file_store, MemSource};
+    use crate::fetch::FetchError;
+
+    /// A reader's on-demand read of frame `i`, running in the background.
+    fn demand_read(
+        store: &Arc<FrameStore>,
+        toc: &Arc<Toc>,
+        s: &Arc<dyn RangeSource>,
+        i: u32,
+    ) -> tokio::task::JoinHandle<Result<Vec<bytes::Bytes>, FetchError>> {
+        let (store, toc, s) = (store.clone(), toc.clone(), s.clone());
+        tokio::spawn(async move {
+            store
+                .get_frames(&toc.frames, &s, &[FrameIdx(i)], Priority::OnDemand)
+                .await
+        })
+    }
 
     #[test]
     fn work_skips_present_and_out_of_range_frames() {
@@ -200,14 +216,7 @@ mod tests {
         let (src, gate) = MemSource::gated(blob);
         let s: Arc<dyn RangeSource> = src.clone();
         let range = |i: usize| (toc.frames[i].offset, toc.frames[i].clen);
-        let read = |i: u32| {
-            let (store, toc, s) = (store.clone(), toc.clone(), s.clone());
-            tokio::spawn(async move {
-                store
-                    .get_frames(&toc.frames, &s, &[FrameIdx(i)], Priority::OnDemand)
-                    .await
-            })
-        };
+        let read = |i: u32| demand_read(&store, &toc, &s, i);
         let first = read(0);
         while src.requests().is_empty() {
             tokio::task::yield_now().await;
@@ -262,14 +271,7 @@ mod tests {
                 toc.frames[b].offset + toc.frames[b].clen - toc.frames[a].offset,
             )
         };
-        let read = |i: u32| {
-            let (store, toc, s) = (store.clone(), toc.clone(), s.clone());
-            tokio::spawn(async move {
-                store
-                    .get_frames(&toc.frames, &s, &[FrameIdx(i)], Priority::OnDemand)
-                    .await
-            })
-        };
+        let read = |i: u32| demand_read(&store, &toc, &s, i);
         // Demand in flight: the prefetch's one batch (frames 1..=4, one request) queues.
         let first = read(0);
         while src.requests().is_empty() {
