@@ -74,11 +74,32 @@ mount --bind /dev "$ROOT/dev"; mount -t proc proc "$ROOT/proc"
 mkdir -p "$ROOT/wheelhouse"; mount --bind "$WH" "$ROOT/wheelhouse"; mount -o remount,bind,ro "$ROOT/wheelhouse"
 cp "$HERE"/harness-v1.txt "$HERE"/harness-v2.txt "$HERE"/evaluator.txt "$ROOT/tmp/"
 CHROOT="env -i PATH=/usr/local/bin:/usr/bin:/bin HOME=/root LANG=C.UTF-8 $(command -v chroot)"
+# The images clamp every mtime to $EPOCH (group create --mtime, the bundles' tar --clamp-mtime),
+# but pip writes each .pyc with its source's install-time mtime: left so, every .pyc of the
+# image is stale against its source and every import recompiles (and rewrites) the whole venv,
+# on any snapshotter. So the venv's mtimes are clamped here first and its bytecode compiled
+# against the clamped sources; the check after it fails the build if an import still compiles.
+clamp() { # $1 = path in the root: every mtime after $EPOCH set to $EPOCH
+    find "$ROOT$1" -newermt "@$EPOCH" -exec touch -h -d "@$EPOCH" {} +
+}
 venv() { # $1 = path in the root, $2 = requirements
     $CHROOT "$ROOT" /usr/bin/python3 -m venv "$1"
     $CHROOT "$ROOT" "$1/bin/pip" install -q --no-index --disable-pip-version-check --find-links /wheelhouse -r "/tmp/$2"
+    clamp "$1"
+    # Timestamp-checked .pyc (python's default), recompiled against the clamped source mtimes.
+    $CHROOT "$ROOT" "$1/bin/python" -m compileall -q -j 0 --invalidation-mode timestamp "$1" >/dev/null ||
+        log "compileall: some files under $1 do not compile (they stay without bytecode, as pip left them)"
+    clamp "$1"
+}
+stale_pyc() { # $1 = path in the root, then a command run in the root: fails if it wrote bytecode
+    local p=$1; shift
+    touch -d "@$((EPOCH + 1))" "$B/pyc-mark"
+    $CHROOT "$ROOT" "$@"
+    local n; n=$(find "$ROOT$p" -name '*.pyc' -newer "$B/pyc-mark" | wc -l)
+    [ "$n" = 0 ] || { echo "$n .pyc under $p were recompiled by: $*" >&2; exit 1; }
 }
 venv /opt/eval evaluator.txt
+stale_pyc /opt/eval /opt/eval/bin/python -c "import pytest"
 mkdir -p "$ROOT/eval"; cp "$HERE/eval-run.sh" "$ROOT/eval/run.sh"
 mkdir -p "$B/eval/opt" "$B/eval/eval"
 cp -a "$ROOT/opt/eval" "$B/eval/opt/eval"; cp "$HERE/eval-run.sh" "$B/eval/eval/run.sh"
@@ -86,7 +107,7 @@ declare -A INSTALL
 for h in v1 v2; do
     venv /opt/harness "harness-$h.txt"
     cp "$HERE/agent.py" "$ROOT/opt/harness/agent.py"
-    $CHROOT "$ROOT" /opt/harness/bin/python -c "import openai, anthropic, pydantic, httpx"
+    stale_pyc /opt/harness /opt/harness/bin/python -c "import openai, anthropic, pydantic, httpx"
     mkdir -p "$B/harness-$h/opt"; mv "$ROOT/opt/harness" "$B/harness-$h/opt/harness"
     INSTALL[$h]=$(du -sb "$B/harness-$h/opt/harness" | cut -f1)
     log "harness $h: $(du -sh "$B/harness-$h" | cut -f1), $(find "$B/harness-$h" -type f | wc -l) files"
