@@ -540,8 +540,11 @@ fn read_quota(cgroups_path: &str) -> Option<Quota> {
 /// The elastic pod's workload: grows to 144 MiB in 4 MiB steps (the limit rises from 64 MiB:
 /// 128 MiB, then the 200 MiB maximum, which holds it), prints `grown`, then runs two busy
 /// processes until its CPU quota (read from its own cgroup) left the initial 25000 µs, or
-/// for 15 s; prints `done`. Stopping at the raise keeps the test independent of how much CPU
-/// a loaded machine has left for a larger quota.
+/// for 15 s; then idles 3 s (the raised quota stays: no scale-down while the test watches)
+/// so that the test's polling sees it before the container exits and its cgroup is removed
+/// (CI once missed it: the container exited within the test's 50 ms poll plus a CRI status
+/// call on a loaded machine); prints `done`. Stopping at the raise keeps the test independent
+/// of how much CPU a loaded machine has left for a larger quota.
 const ELASTIC_SCRIPT: &str = r#"
 import glob, os, time
 
@@ -567,6 +570,7 @@ while time.time() < end and quota() in (None, '25000'):
 if pid == 0:
     os._exit(0)
 os.wait()
+time.sleep(3)
 print('done', flush=True)
 "#;
 
