@@ -169,6 +169,10 @@ for i in $(seq "$RUNS"); do
         imp "$C" "--snapshotter weenv" "$PROF" c1
         t1=$(now); b1=$(rx)
         rec prof_cold "$(echo "$t1 - $t0" | bc)"; rec prof_bytes "$((b1 - b0))"
+        # How the import's reads met the prefetch: taken just ahead of it (no quiet time) or
+        # not (each starts the prefetch's quiet time); the last run's are printed.
+        "$BIN/weenv" --config "$d/snap.toml" metrics \
+            | grep -E '^weenv_fetch_(link_|bytes_prefetch|bytes_on_demand)' > "$W/link-prof" || true
         stop_stack "$d"
     fi
     log "run $i done"
@@ -199,6 +203,10 @@ echo
 [ "$FAILS" = 0 ] || echo "$FAILS import(s) failed: their samples were dropped (see the log above)"
 echo "FUSE requests of the import run again on the fill-off node (last run; op, count, daemon ms):"
 awk '{printf "  %s %d (%.0f ms)", $1, $2, $3 / 1000} END {print ""}' "$W/ops-again"
+if [ -s "$W/link-prof" ]; then
+    echo "the profiled import's demand requests vs the prefetch (last run):"
+    sed 's/^/  /' "$W/link-prof"
+fi
 [ "$OVL" = 1 ] || exit 0
 echo "speed-up over a full pull: $(echo "scale=1; $(m ovl_cold) / $(m weenv_cold)" | bc)x (fill off), $(echo "scale=1; $(m ovl_cold) / $(m fill_cold)" | bc)x (fill on)"
 bound() { # $1 = key of the cold time, $2 = key of its bytes

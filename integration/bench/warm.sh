@@ -130,4 +130,5 @@ for w in all:"read every file" find:"find / -xdev | wc -l" py:"python3 start (ct
     o=$(m ovl_$key) f=$(m fuse_$key) n=$(m native_$key)
     printf '%-34s %10s %10s %10s %10s %10s\n' "$name" "$o" "$f" "$(ratio "$o" "$f")" "$n" "$(ratio "$o" "$n")"
 done
+for k in ovl fuse native; do echo "python3 start samples, $k (s, round order): ${R[${k}_py]}"; done
 echo "(ratio = overlayfs time / weenv time: 1.00 = as fast as overlayfs; 'Failed to send FUSE reply' lines in the daemon logs: $errs)"

@@ -220,6 +220,12 @@ pub struct PrefetchSection {
     /// prefetch was about to send do not count). Default: the layer store's (100).
     #[serde(default)]
     pub quiet_ms: Option<u64>,
+    /// A read of a frame the prefetch has queued, with at most this many bytes of its layer's
+    /// prefetch still to be sent before it, follows the profile (the command it was recorded
+    /// for reads in its order): the prefetch goes on instead of waiting `quiet_ms`. Default:
+    /// the layer store's (1 MiB).
+    #[serde(default)]
+    pub follow_bytes: Option<u64>,
     /// Compressed bytes per prefetch request (a reader shares the link with at most one per
     /// prefetch connection). Default 256 KiB.
     #[serde(default = "default_prefetch_batch_bytes")]
@@ -239,6 +245,7 @@ impl Default for PrefetchSection {
             enabled: true,
             concurrency: default_prefetch_concurrency(),
             quiet_ms: None,
+            follow_bytes: None,
             batch_bytes: default_prefetch_batch_bytes(),
         }
     }

@@ -114,6 +114,7 @@ pub fn layer_store_config(cfg: &Config) -> LayerStoreConfig {
                 quiet_ms: cfg.fill.quiet_ms.unwrap_or(d.quiet_ms),
                 background_bytes: cfg.fill.background_bytes.unwrap_or(d.background_bytes),
                 prefetch_quiet_ms: cfg.prefetch.quiet_ms.unwrap_or(d.prefetch_quiet_ms),
+                prefetch_follow_bytes: cfg.prefetch.follow_bytes.unwrap_or(d.prefetch_follow_bytes),
                 cpu_priority: cfg.fill.cpu_priority,
                 busy_ms: cfg.fill.busy_ms.unwrap_or(d.busy_ms),
                 busy_max_pause_ms: cfg.fill.busy_max_pause_ms.unwrap_or(d.busy_max_pause_ms),

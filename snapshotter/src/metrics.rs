@@ -98,6 +98,13 @@ pub struct Metrics {
     /// Frames readers took out of queued background (prefetch, fill) requests and fetched
     /// themselves, as demand (`fetch::link::Carve`).
     pub link_promotions: AtomicU64,
+    /// Demand requests (on-demand reads, read-ahead) that held background requests back and
+    /// started their quiet time (`fetch::link`): the reader's command is not the one the
+    /// queued prefetch is for, or reads frames nobody queued.
+    pub link_demand_unpredicted: AtomicU64,
+    /// Demand requests of frames taken out of queued prefetch requests that follow the
+    /// prefetch (`fetch::link::LinkQueue::predicted`): no quiet time.
+    pub link_demand_predicted: AtomicU64,
     /// Range requests sent to sources.
     pub range_requests: AtomicU64,
     /// Source range requests that failed.
@@ -143,6 +150,8 @@ impl Default for Metrics {
             bytes_fetched_fill: AtomicU64::default(),
             bytes_fetched_prefetch: AtomicU64::default(),
             link_promotions: AtomicU64::default(),
+            link_demand_unpredicted: AtomicU64::default(),
+            link_demand_predicted: AtomicU64::default(),
             range_requests: AtomicU64::default(),
             range_request_errors: AtomicU64::default(),
             l1_hits: AtomicU64::default(),
@@ -225,7 +234,7 @@ impl Metrics {
     /// Prometheus text exposition (version 0.0.4), encoded by prometheus-client.
     pub fn render(&self) -> String {
         let mut e = Exposition::new();
-        let counters: [(&'static str, &'static str, &AtomicU64); 20] = [
+        let counters: [(&'static str, &'static str, &AtomicU64); 22] = [
             (
                 "weenv_fetch_bytes_on_demand_total",
                 "Compressed bytes fetched for on-demand reads.",
@@ -245,6 +254,16 @@ impl Metrics {
                 "weenv_fetch_link_promotions_total",
                 "Frames readers took out of queued background requests (fetched alone, as demand).",
                 &self.link_promotions,
+            ),
+            (
+                "weenv_fetch_link_demand_unpredicted_total",
+                "Demand requests that started the background quiet time.",
+                &self.link_demand_unpredicted,
+            ),
+            (
+                "weenv_fetch_link_demand_predicted_total",
+                "Demand requests of frames just ahead of the prefetch (no quiet time).",
+                &self.link_demand_predicted,
             ),
             (
                 "weenv_fetch_range_requests_total",

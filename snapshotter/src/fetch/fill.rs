@@ -37,6 +37,12 @@ pub struct FillConfig {
     /// this long (ms); reads of frames the prefetch was about to send (`LinkQueue::predicted`)
     /// do not count. Default: 100.
     pub prefetch_quiet_ms: u64,
+    /// A reader that takes a frame out of a queued prefetch request with no more than this
+    /// many bytes of its layer's prefetch still to be sent before it follows the profile (the
+    /// command it was recorded for): its read starts no quiet time (`LinkQueue::predicted`).
+    /// Default: 1 MiB (the harness import's own profile: at most 0.8 MB still ahead of a
+    /// read; a command reading in another order: up to tens of MB).
+    pub prefetch_follow_bytes: u64,
     /// Priority of background CPU and disk work (see `fetch::cpu`). Default: idle.
     pub cpu_priority: CpuPriority,
     /// The fill sends its next request only after no FUSE read came for this long (ms).
@@ -104,6 +110,7 @@ impl Default for FillConfig {
             concurrency: 2,
             background_bytes: 4 << 20,
             prefetch_quiet_ms: 100,
+            prefetch_follow_bytes: 1 << 20,
             cpu_priority: CpuPriority::Idle,
             busy_ms: 500,
             busy_max_pause_ms: 5000,
@@ -217,6 +224,7 @@ impl From<&FillConfig> for LinkPolicy {
     fn from(c: &FillConfig) -> Self {
         LinkPolicy {
             background_bytes: c.background_bytes,
+            follow_bytes: c.prefetch_follow_bytes,
             prefetch_quiet: Duration::from_millis(c.prefetch_quiet_ms),
             fill_quiet: Duration::from_millis(c.quiet_ms),
             prefetch_concurrency: c.prefetch_concurrency,

@@ -395,7 +395,7 @@ impl FrameStore {
                     if let Some(ticket) = p.take(&frame.digest) {
                         // Queued in a background request: the reader fetches it now, alone.
                         // Lock order: inflight -> promotion -> link queue.
-                        let predicted = ticket.is_some_and(|t| self.link.predicted(t));
+                        let predicted = ticket.is_some_and(|t| self.link.take(t, frame.clen));
                         let tx: SharedTx = Arc::new(Mutex::new(f.tx.lock().take()));
                         f.tx = tx.clone();
                         f.promotion = None;
@@ -549,8 +549,14 @@ impl FrameStore {
         // prefetch requests queue per request (run_request).
         let _demand = matches!(prio, Priority::OnDemand | Priority::ReadAhead).then(|| {
             if predicted {
+                self.metrics
+                    .link_demand_predicted
+                    .fetch_add(1, Ordering::Relaxed);
                 self.link.demand_predicted()
             } else {
+                self.metrics
+                    .link_demand_unpredicted
+                    .fetch_add(1, Ordering::Relaxed);
                 self.link.demand()
             }
         });
@@ -684,7 +690,10 @@ impl FrameStore {
     ) -> Vec<(usize, Result<Bytes, FetchError>)> {
         let _prefetch_permit = match prio {
             Priority::Prefetch => {
-                let permit = self.link.queue(Class::Prefetch, req.len);
+                // One layer's requests form a group: a layer's TOC frames are one allocation
+                // for as long as the layer is mounted, so its address names the layer.
+                let group = frames.as_ptr() as usize as u64;
+                let permit = self.link.queue_in(Class::Prefetch, req.len, group);
                 if let Some(p) = promotion {
                     let digests = req
                         .frames

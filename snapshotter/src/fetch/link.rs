@@ -22,11 +22,15 @@
 //!   is on the wire already is waited for (its decode is raised to normal CPU priority,
 //!   [`Promotion::raise`]). Background requests wait while a carved read is in flight. After
 //!   it, the quiet time starts unless the read was *predicted*: its request had no more than
-//!   `background_bytes` queued before it ([`LinkQueue::predicted`]): the reader's
-//!   command follows the profile (the one it was recorded for), just ahead of the prefetch,
-//!   which goes on; a read far down the queue comes from a command reading in another order
-//!   (a profile recorded for another command), and the prefetch pauses for it like for any
-//!   unpredicted read.
+//!   `follow_bytes` still to send queued before it among the requests of its own layer
+//!   ([`LinkQueue::predicted`]; frames readers took no longer count, [`LinkQueue::took`]): the reader's command follows the profile (the one it was
+//!   recorded for), just ahead of the prefetch, which goes on; a read far down its layer's
+//!   queue comes from a command reading in another order (a profile recorded for another
+//!   command), and the prefetch pauses for it like for any unpredicted read. Layers are
+//!   counted apart because a profile is stored per layer: each layer's part is queued when
+//!   the layer is mounted (bottom layer first), so a command that reads two layers in turn
+//!   (python's standard library below, a harness venv above) reads the upper layer's part
+//!   while the lower one's is still queued ahead of it, in the profile's order all the same.
 //!
 //! [`LinkScheduler`] is the async shell: waiters pump the queue themselves (on every change
 //! and when a quiet time ends), permits release on drop (also when a waiter is cancelled).
@@ -53,6 +57,10 @@ pub enum Class {
 pub struct LinkPolicy {
     /// Background bytes in flight at most (a single larger request may go alone).
     pub background_bytes: u64,
+    /// A reader taking a frame out of a queued request follows the prefetch
+    /// ([`LinkQueue::predicted`]) if at most this many bytes of its layer are still to be
+    /// sent before that request.
+    pub follow_bytes: u64,
     /// Prefetch waits this long after the last demand activity.
     pub prefetch_quiet: Duration,
     /// Fill waits this long after the last demand activity.
@@ -67,6 +75,7 @@ impl Default for LinkPolicy {
     fn default() -> Self {
         LinkPolicy {
             background_bytes: 4 << 20,
+            follow_bytes: 1 << 20,
             prefetch_quiet: Duration::from_millis(100),
             fill_quiet: Duration::from_millis(1000),
             prefetch_concurrency: 4,
@@ -116,6 +125,8 @@ pub struct LinkQueue {
     demand: usize,
     last_demand: Duration,
     queue: BTreeMap<(Class, TicketId), u64>,
+    /// The group (layer) of each queued request that has one ([`LinkQueue::enqueue_in`]).
+    groups: HashMap<TicketId, u64>,
     running: HashMap<TicketId, (Class, u64)>,
     next: TicketId,
 }
@@ -152,15 +163,27 @@ impl LinkQueue {
 
     /// Whether a reader taking frames out of queued request `id` follows the background work
     /// (the command the profile was recorded for, reading in its order): no more than
-    /// `background_bytes` of background requests are queued before it. Far ahead of the
-    /// queue's head, the reader's command reads in another order (a profile recorded for
-    /// another command): its reads are demand like any other.
+    /// `follow_bytes` of background requests of its own group (layer) are still to be sent
+    /// before it. A command that reads in the profile's order has taken (or had sent)
+    /// everything before its read, however far behind the prefetch fell, so only what it
+    /// skipped counts. Far ahead of what its group still sends, the reader's command reads in
+    /// another order (a profile recorded for another command): its reads are demand like any
+    /// other.
     pub fn predicted(&self, id: TicketId, p: &LinkPolicy) -> bool {
-        let Some(class) = self.queue.keys().find(|(_, i)| *i == id).map(|(c, _)| *c) else {
-            return false;
-        };
-        let ahead: u64 = self.queue.range(..(class, id)).map(|(_, b)| *b).sum();
-        ahead <= p.background_bytes
+        self.ahead(id).is_some_and(|a| a <= p.follow_bytes)
+    }
+
+    /// Bytes of its group still to be sent before queued request `id` (`None`: not queued).
+    pub fn ahead(&self, id: TicketId) -> Option<u64> {
+        let class = self.queue.keys().find(|(_, i)| *i == id).map(|(c, _)| *c)?;
+        let group = self.groups.get(&id);
+        Some(
+            self.queue
+                .range(..(class, id))
+                .filter(|((_, i), _)| self.groups.get(i) == group)
+                .map(|(_, b)| *b)
+                .sum(),
+        )
     }
 
     /// Demand requests in flight.
@@ -180,6 +203,27 @@ impl LinkQueue {
         self.next
     }
 
+    /// A reader took `bytes` (a frame) out of queued request `id`: the request sends that
+    /// much less (a request every frame of which was taken sends nothing).
+    pub fn took(&mut self, id: TicketId, bytes: u64) {
+        if let Some(b) = self
+            .queue
+            .iter_mut()
+            .find(|((_, i), _)| *i == id)
+            .map(|(_, b)| b)
+        {
+            *b = b.saturating_sub(bytes);
+        }
+    }
+
+    /// Queues a background request of `bytes` for `group` (one layer's requests: see
+    /// [`LinkQueue::predicted`]).
+    pub fn enqueue_in(&mut self, class: Class, bytes: u64, group: u64) -> TicketId {
+        let id = self.enqueue(class, bytes);
+        self.groups.insert(id, group);
+        id
+    }
+
     /// Where request `id` is (`None`: released or unknown).
     pub fn state(&self, id: TicketId) -> Option<TicketState> {
         if self.running.contains_key(&id) {
@@ -193,6 +237,7 @@ impl LinkQueue {
 
     /// Request `id` ended (or its waiter went away): queued or running.
     pub fn release(&mut self, id: TicketId) {
+        self.groups.remove(&id);
         if self.running.remove(&id).is_none() {
             self.queue.retain(|(_, i), _| *i != id);
         }
@@ -218,6 +263,7 @@ impl LinkQueue {
                 break;
             }
             self.queue.remove(&(class, id));
+            self.groups.remove(&id);
             self.running.insert(id, (class, bytes));
             out.admitted.push(id);
         }
@@ -450,10 +496,21 @@ impl LinkScheduler {
         DemandPermit(self, true)
     }
 
-    /// Whether taking frames out of queued request `id` is predicted demand
-    /// ([`LinkQueue::predicted`]).
-    pub fn predicted(&self, id: TicketId) -> bool {
-        self.q.lock().predicted(id, &self.policy)
+    /// A reader took a frame of `bytes` out of queued request `id`: whether that is predicted
+    /// demand ([`LinkQueue::took`], [`LinkQueue::predicted`]).
+    pub fn take(&self, id: TicketId, bytes: u64) -> bool {
+        let mut q = self.q.lock();
+        q.took(id, bytes);
+        let ahead = q.ahead(id);
+        let predicted = q.predicted(id, &self.policy);
+        drop(q);
+        tracing::debug!(
+            id,
+            ?ahead,
+            predicted,
+            "a reader took a frame out of a queued request"
+        );
+        predicted
     }
 
     /// Waits until a background request of `bytes` and `class` may be sent; hold the permit
@@ -469,6 +526,15 @@ impl LinkScheduler {
         BgPermit {
             sched: self,
             id: self.q.lock().enqueue(class, bytes),
+        }
+    }
+
+    /// Queues a background request of `bytes` and `class` for `group` (one layer's requests,
+    /// see [`LinkQueue::predicted`]).
+    pub fn queue_in(&self, class: Class, bytes: u64, group: u64) -> BgPermit<'_> {
+        BgPermit {
+            sched: self,
+            id: self.q.lock().enqueue_in(class, bytes, group),
         }
     }
 
@@ -513,6 +579,7 @@ mod tests {
     fn policy() -> LinkPolicy {
         LinkPolicy {
             background_bytes: 10,
+            follow_bytes: 10,
             prefetch_quiet: MS(100),
             fill_quiet: MS(1000),
             prefetch_concurrency: 4,
@@ -626,6 +693,57 @@ mod tests {
         q.release(batch);
         assert_eq!(q.demand_in_flight(), 0);
         assert_eq!(q.background_bytes(), 0);
+    }
+
+    #[test]
+    fn a_read_just_ahead_of_its_own_layers_prefetch_is_predicted_behind_another_layers_queue() {
+        let p = policy(); // background_bytes 10
+        let mut q = LinkQueue::default();
+        // The lower layer's profile part is queued first (mounted first), then the upper's.
+        let lower: Vec<_> = (0..5)
+            .map(|_| q.enqueue_in(Class::Prefetch, 4, 1))
+            .collect();
+        let upper: Vec<_> = (0..5)
+            .map(|_| q.enqueue_in(Class::Prefetch, 4, 2))
+            .collect();
+        // 20 bytes of the lower layer are queued ahead of the upper layer's head, but a read
+        // of the upper layer follows its own part of the profile.
+        assert!(q.predicted(upper[0], &p) && q.predicted(upper[2], &p));
+        assert!(
+            !q.predicted(upper[3], &p),
+            "12 bytes of its own layer ahead"
+        );
+        assert!(q.predicted(lower[2], &p) && !q.predicted(lower[4], &p));
+        // Admitted requests leave the count: the lower layer's head went out.
+        q.demand_ended(MS(0));
+        assert_eq!(q.pump(MS(5000), &p).admitted, vec![lower[0], lower[1]]);
+        assert!(q.predicted(lower[4], &p), "8 bytes of its layer ahead now");
+        q.release(lower[0]);
+        q.release(upper[4]);
+        assert!(q.groups.len() == 7 && !q.groups.contains_key(&upper[4]));
+    }
+
+    #[test]
+    fn frames_readers_took_no_longer_count_ahead_of_a_read() {
+        let p = policy(); // background_bytes 10
+        let mut q = LinkQueue::default();
+        let r: Vec<_> = (0..5)
+            .map(|_| q.enqueue_in(Class::Prefetch, 4, 1))
+            .collect();
+        assert!(!q.predicted(r[4], &p), "16 bytes to send before it");
+        // The profile's own command read the first three requests' frames (in its order, the
+        // paused prefetch far behind): only the frame it skipped is still to be sent.
+        for id in &r[..3] {
+            q.took(*id, 4);
+        }
+        q.took(r[3], 3);
+        assert!(q.predicted(r[4], &p), "1 byte left ahead");
+        q.took(r[0], 4);
+        q.took(999, 4); // unknown: nothing happens
+                        // Admitted, an emptied request takes no room of the in-flight budget.
+        q.demand_ended(MS(0));
+        assert_eq!(q.pump(MS(5000), &p).admitted, vec![r[0], r[1], r[2], r[3]]);
+        assert_eq!(q.background_bytes(), 1);
     }
 
     #[test]
