@@ -280,7 +280,7 @@ pub async fn run_fill(
         .frames_total
         .store(toc.frames.len() as u64, Ordering::Relaxed);
     progress.set_state(FillState::Running);
-    store.note_demand(); // the layer is about to be used: on-demand reads come first
+    store.note_layer_added(); // the layer is about to be used: on-demand reads come first
     let missing: Vec<FrameIdx> = (0..toc.frames.len() as u32)
         .map(FrameIdx)
         .filter(|i| !store.l2().contains(&toc.frames[i.0 as usize].digest))

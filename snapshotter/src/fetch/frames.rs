@@ -345,10 +345,10 @@ impl FrameStore {
         }
     }
 
-    /// Records on-demand activity now (a layer is about to be used): background requests
-    /// count their quiet time from here.
-    pub fn note_demand(&self) {
-        self.link.note_demand();
+    /// A layer is about to be used: the fill counts its quiet time from now (the start-up
+    /// prefetch does not: it is there to fetch while the container is being created).
+    pub fn note_layer_added(&self) {
+        self.link.note_layer_added();
     }
 
     /// Number of on-demand/read-ahead requests in flight (frames readers took included).

@@ -124,6 +124,8 @@ pub struct Pump {
 pub struct LinkQueue {
     demand: usize,
     last_demand: Duration,
+    /// When a layer was last added ([`LinkQueue::note_layer_added`]).
+    last_added: Duration,
     queue: BTreeMap<(Class, TicketId), u64>,
     /// The group (layer) of each queued request that has one ([`LinkQueue::enqueue_in`]).
     groups: HashMap<TicketId, u64>,
@@ -135,6 +137,13 @@ impl LinkQueue {
     /// Demand activity at `now` (a fetch started or ended, or a layer is about to be used).
     pub fn note_demand(&mut self, now: Duration) {
         self.last_demand = self.last_demand.max(now);
+    }
+
+    /// A layer was added at `now`: its first reads are coming. The fill counts its quiet time
+    /// from here; the start-up prefetch does not (it exists to fetch the profile's frames
+    /// while containerd creates the container, before those reads).
+    pub fn note_layer_added(&mut self, now: Duration) {
+        self.last_added = self.last_added.max(now);
     }
 
     /// A demand request is sent at `now`.
@@ -250,7 +259,11 @@ impl LinkQueue {
             return out;
         }
         while let Some((&(class, id), &bytes)) = self.queue.iter().next() {
-            let quiet_end = self.last_demand + p.quiet(class);
+            let since = match class {
+                Class::Prefetch => self.last_demand,
+                Class::Fill => self.last_demand.max(self.last_added),
+            };
+            let quiet_end = since + p.quiet(class);
             if now < quiet_end {
                 out.recheck_in = Some(quiet_end - now);
                 break;
@@ -472,10 +485,10 @@ impl LinkScheduler {
         self.started.elapsed()
     }
 
-    /// Records demand activity now.
-    pub fn note_demand(&self) {
+    /// A layer was added now ([`LinkQueue::note_layer_added`]).
+    pub fn note_layer_added(&self) {
         let now = self.now();
-        self.q.lock().note_demand(now);
+        self.q.lock().note_layer_added(now);
     }
 
     /// Demand requests in flight.
@@ -721,6 +734,20 @@ mod tests {
         q.release(lower[0]);
         q.release(upper[4]);
         assert!(q.groups.len() == 7 && !q.groups.contains_key(&upper[4]));
+    }
+
+    #[test]
+    fn a_new_layer_holds_the_fill_back_but_not_the_start_up_prefetch() {
+        let p = policy(); // prefetch quiet 100 ms, fill 1000 ms
+        let mut q = LinkQueue::default();
+        let f = q.enqueue(Class::Fill, 1);
+        let pf = q.enqueue(Class::Prefetch, 1);
+        q.note_layer_added(MS(5000));
+        // The prefetch goes at once; the fill waits its quiet time from the addition.
+        let pump = q.pump(MS(5010), &p);
+        assert_eq!(pump.admitted, vec![pf]);
+        assert_eq!(pump.recheck_in, Some(MS(990)));
+        assert_eq!(q.pump(MS(6000), &p).admitted, vec![f]);
     }
 
     #[test]
