@@ -708,17 +708,20 @@ mod tests {
         assert_eq!(q.background_bytes(), 0);
     }
 
+    /// One layer's (`group`) prefetch: five queued requests of 4 bytes.
+    fn five_requests_of_4_bytes(q: &mut LinkQueue, group: u64) -> Vec<TicketId> {
+        (0..5)
+            .map(|_| q.enqueue_in(Class::Prefetch, 4, group))
+            .collect()
+    }
+
     #[test]
     fn a_read_just_ahead_of_its_own_layers_prefetch_is_predicted_behind_another_layers_queue() {
-        let p = policy(); // background_bytes 10
+        let p = policy(); // follow_bytes 10
         let mut q = LinkQueue::default();
         // The lower layer's profile part is queued first (mounted first), then the upper's.
-        let lower: Vec<_> = (0..5)
-            .map(|_| q.enqueue_in(Class::Prefetch, 4, 1))
-            .collect();
-        let upper: Vec<_> = (0..5)
-            .map(|_| q.enqueue_in(Class::Prefetch, 4, 2))
-            .collect();
+        let lower = five_requests_of_4_bytes(&mut q, 1);
+        let upper = five_requests_of_4_bytes(&mut q, 2);
         // 20 bytes of the lower layer are queued ahead of the upper layer's head, but a read
         // of the upper layer follows its own part of the profile.
         assert!(q.predicted(upper[0], &p) && q.predicted(upper[2], &p));
@@ -752,11 +755,9 @@ mod tests {
 
     #[test]
     fn frames_readers_took_no_longer_count_ahead_of_a_read() {
-        let p = policy(); // background_bytes 10
+        let p = policy(); // follow_bytes 10
         let mut q = LinkQueue::default();
-        let r: Vec<_> = (0..5)
-            .map(|_| q.enqueue_in(Class::Prefetch, 4, 1))
-            .collect();
+        let r = five_requests_of_4_bytes(&mut q, 1);
         assert!(!q.predicted(r[4], &p), "16 bytes to send before it");
         // The profile's own command read the first three requests' frames (in its order, the
         // paused prefetch far behind): only the frame it skipped is still to be sent.
