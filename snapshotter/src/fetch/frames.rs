@@ -779,11 +779,21 @@ impl FrameStore {
             observer: Some(&observer),
         };
         let layer = source.name();
+        let t0 = std::time::Instant::now();
         let err = source
             .read_with(range, opts)
             .await
             .err()
             .map(|e| FetchError::source(layer.clone(), range, e));
+        tracing::debug!(
+            ?prio,
+            offset = req.offset,
+            bytes = req.len,
+            frames = req.frames.len(),
+            ms = t0.elapsed().as_secs_f64() * 1e3,
+            ok = err.is_none(),
+            "range request done"
+        );
         let st = check.state.into_inner();
         if let Some(e) = &err {
             if st.bad.is_empty() && prio != Priority::Fill && self.may_log() {
