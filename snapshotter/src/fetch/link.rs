@@ -23,8 +23,9 @@
 //!   [`Promotion::raise`]). Background requests wait while a carved read is in flight. After
 //!   it, the quiet time starts unless the read was *predicted*: its request had no more than
 //!   `follow_bytes` still to send queued before it among the requests of its own layer
-//!   ([`LinkQueue::predicted`]; frames readers took no longer count, [`LinkQueue::took`]): the reader's command follows the profile (the one it was
-//!   recorded for), just ahead of the prefetch, which goes on; a read far down its layer's
+//!   ([`LinkQueue::predicted`]; frames readers took no longer count, [`LinkQueue::took`]):
+//!   the reader's command follows the profile (the one it was recorded for), just ahead of
+//!   the prefetch, which goes on; a read far down its layer's
 //!   queue comes from a command reading in another order (a profile recorded for another
 //!   command), and the prefetch pauses for it like for any unpredicted read. Layers are
 //!   counted apart because a profile is stored per layer: each layer's part is queued when
@@ -85,6 +86,11 @@ impl Default for LinkPolicy {
 }
 
 impl LinkPolicy {
+    /// A reader with `ahead` bytes of its group still to be sent before its request follows
+    /// the prefetch (see [`LinkQueue::predicted`]).
+    fn follows(&self, ahead: Option<u64>) -> bool {
+        ahead.is_some_and(|a| a <= self.follow_bytes)
+    }
     fn quiet(&self, c: Class) -> Duration {
         match c {
             Class::Prefetch => self.prefetch_quiet,
@@ -119,6 +125,14 @@ pub struct Pump {
     pub recheck_in: Option<Duration>,
 }
 
+/// A queued background request: bytes still to send (less what readers took), and its group
+/// (one layer's prefetch requests, [`LinkQueue::enqueue_in`]).
+#[derive(Debug, Clone, Copy)]
+struct Queued {
+    bytes: u64,
+    group: Option<u64>,
+}
+
 /// The link's state: demand in flight, background queued and in flight. Pure.
 #[derive(Debug, Default)]
 pub struct LinkQueue {
@@ -126,9 +140,7 @@ pub struct LinkQueue {
     last_demand: Duration,
     /// When a layer was last added ([`LinkQueue::note_layer_added`]).
     last_added: Duration,
-    queue: BTreeMap<(Class, TicketId), u64>,
-    /// The group (layer) of each queued request that has one ([`LinkQueue::enqueue_in`]).
-    groups: HashMap<TicketId, u64>,
+    queue: BTreeMap<(Class, TicketId), Queued>,
     running: HashMap<TicketId, (Class, u64)>,
     next: TicketId,
 }
@@ -179,18 +191,17 @@ impl LinkQueue {
     /// another order (a profile recorded for another command): its reads are demand like any
     /// other.
     pub fn predicted(&self, id: TicketId, p: &LinkPolicy) -> bool {
-        self.ahead(id).is_some_and(|a| a <= p.follow_bytes)
+        p.follows(self.ahead(id))
     }
 
     /// Bytes of its group still to be sent before queued request `id` (`None`: not queued).
     pub fn ahead(&self, id: TicketId) -> Option<u64> {
-        let class = self.queue.keys().find(|(_, i)| *i == id).map(|(c, _)| *c)?;
-        let group = self.groups.get(&id);
+        let (&(class, _), me) = self.queue.iter().find(|((_, i), _)| *i == id)?;
         Some(
             self.queue
                 .range(..(class, id))
-                .filter(|((_, i), _)| self.groups.get(i) == group)
-                .map(|(_, b)| *b)
+                .filter(|(_, q)| q.group == me.group)
+                .map(|(_, q)| q.bytes)
                 .sum(),
         )
     }
@@ -207,30 +218,28 @@ impl LinkQueue {
 
     /// Queues a background request of `bytes`.
     pub fn enqueue(&mut self, class: Class, bytes: u64) -> TicketId {
+        self.push(class, Queued { bytes, group: None })
+    }
+
+    fn push(&mut self, class: Class, q: Queued) -> TicketId {
         self.next += 1;
-        self.queue.insert((class, self.next), bytes);
+        self.queue.insert((class, self.next), q);
         self.next
     }
 
     /// A reader took `bytes` (a frame) out of queued request `id`: the request sends that
     /// much less (a request every frame of which was taken sends nothing).
     pub fn took(&mut self, id: TicketId, bytes: u64) {
-        if let Some(b) = self
-            .queue
-            .iter_mut()
-            .find(|((_, i), _)| *i == id)
-            .map(|(_, b)| b)
-        {
-            *b = b.saturating_sub(bytes);
+        if let Some((_, q)) = self.queue.iter_mut().find(|((_, i), _)| *i == id) {
+            q.bytes = q.bytes.saturating_sub(bytes);
         }
     }
 
     /// Queues a background request of `bytes` for `group` (one layer's requests: see
     /// [`LinkQueue::predicted`]).
     pub fn enqueue_in(&mut self, class: Class, bytes: u64, group: u64) -> TicketId {
-        let id = self.enqueue(class, bytes);
-        self.groups.insert(id, group);
-        id
+        let group = Some(group);
+        self.push(class, Queued { bytes, group })
     }
 
     /// Where request `id` is (`None`: released or unknown).
@@ -246,7 +255,6 @@ impl LinkQueue {
 
     /// Request `id` ended (or its waiter went away): queued or running.
     pub fn release(&mut self, id: TicketId) {
-        self.groups.remove(&id);
         if self.running.remove(&id).is_none() {
             self.queue.retain(|(_, i), _| *i != id);
         }
@@ -258,7 +266,7 @@ impl LinkQueue {
         if self.demand > 0 {
             return out;
         }
-        while let Some((&(class, id), &bytes)) = self.queue.iter().next() {
+        while let Some((&(class, id), &Queued { bytes, .. })) = self.queue.iter().next() {
             let since = match class {
                 Class::Prefetch => self.last_demand,
                 Class::Fill => self.last_demand.max(self.last_added),
@@ -276,7 +284,6 @@ impl LinkQueue {
                 break;
             }
             self.queue.remove(&(class, id));
-            self.groups.remove(&id);
             self.running.insert(id, (class, bytes));
             out.admitted.push(id);
         }
@@ -512,11 +519,12 @@ impl LinkScheduler {
     /// A reader took a frame of `bytes` out of queued request `id`: whether that is predicted
     /// demand ([`LinkQueue::took`], [`LinkQueue::predicted`]).
     pub fn take(&self, id: TicketId, bytes: u64) -> bool {
-        let mut q = self.q.lock();
-        q.took(id, bytes);
-        let ahead = q.ahead(id);
-        let predicted = q.predicted(id, &self.policy);
-        drop(q);
+        let ahead = {
+            let mut q = self.q.lock();
+            q.took(id, bytes);
+            q.ahead(id)
+        };
+        let predicted = self.policy.follows(ahead);
         tracing::debug!(
             id,
             ?ahead,
@@ -736,7 +744,7 @@ mod tests {
         assert!(q.predicted(lower[4], &p), "8 bytes of its layer ahead now");
         q.release(lower[0]);
         q.release(upper[4]);
-        assert!(q.groups.len() == 7 && !q.groups.contains_key(&upper[4]));
+        assert!(q.queue.len() == 7 && q.state(upper[4]).is_none());
     }
 
     #[test]
@@ -768,7 +776,8 @@ mod tests {
         assert!(q.predicted(r[4], &p), "1 byte left ahead");
         q.took(r[0], 4);
         q.took(999, 4); // unknown: nothing happens
-                        // Admitted, an emptied request takes no room of the in-flight budget.
+
+        // Admitted, an emptied request takes no room of the in-flight budget.
         q.demand_ended(MS(0));
         assert_eq!(q.pump(MS(5000), &p).admitted, vec![r[0], r[1], r[2], r[3]]);
         assert_eq!(q.background_bytes(), 1);
