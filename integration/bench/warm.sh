@@ -112,7 +112,7 @@ done
 $C -n native run -d --snapshotter weenvnative "$REG/bench:weenv" probe-n sleep 30 >/dev/null
 $C -n fuse run -d --snapshotter weenvfuse "$REG/bench:weenv" probe-f sleep 30 >/dev/null
 nat=$(grep "/probe-n/rootfs " /proc/mounts | grep -o 'lowerdir=[^,]*' | tr ':' '\n' | grep -c '/cache/native/' || true)
-fus=$(grep "/probe-f/rootfs " /proc/mounts | grep -o 'lowerdir=[^,]*' | tr ':' '\n' | grep -c "$W/fuse/root/mnt/" || true)
+fus=$(grep "/probe-f/rootfs " /proc/mounts | grep -o 'lowerdir=[^,]*' | tr ':' '\n' | grep -cE "$W/fuse/root/mnt(-plain)?/" || true)
 log "lowerdirs: weenv-native container: $nat native trees; weenv-fuse container: $fus FUSE dirs"
 for c in n f; do $C -n "$([ $c = n ] && echo native || echo fuse)" task kill -s KILL "probe-$c" >/dev/null 2>&1 || true; done
 sleep 1

@@ -156,6 +156,7 @@ fn one_session_vs_session_per_layer() -> Result<()> {
     for i in 0..SESSIONS {
         let cfg = weenv_snapshotter::layers::LayerStoreConfig {
             mountpoint: fx.dir.path().join(format!("m{i}")),
+            plain_mountpoint: None,
             cache_dir: fx.dir.path().join(format!("c{i}")),
             memory_cache_bytes: 1 << 20,
             disk_cache_bytes: 1 << 20,

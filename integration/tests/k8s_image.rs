@@ -501,8 +501,10 @@ fn daemonset_image_runs_on_a_node() -> Result<()> {
 
     // The keeper first (docs/kubernetes.md, Install), then the daemon.
     let keeper_pid = node.run(&reference, "keeper", &keeper_pod)?;
-    wait_for_unix_socket(&cfg.keeper_socket(), Duration::from_secs(30))
-        .with_context(|| format!("keeper socket; keeper log:\n{}", node.log("keeper")))?;
+    for socket in [cfg.keeper_socket(), cfg.plain_keeper_socket()] {
+        wait_for_unix_socket(&socket, Duration::from_secs(30))
+            .with_context(|| format!("keeper socket; keeper log:\n{}", node.log("keeper")))?;
+    }
     let snap_pid = node.run(&reference, "snapshotter", &snap_pod)?;
     wait_for_unix_socket(&cfg.socket, Duration::from_secs(60))
         .with_context(|| format!("snapshotter socket; log:\n{}", node.log("snapshotter")))?;
@@ -521,10 +523,22 @@ fn daemonset_image_runs_on_a_node() -> Result<()> {
         mnt.display(),
         node.log("snapshotter")
     );
+    if let Some(plain) = cfg.plain_mountpoint() {
+        assert_eq!(
+            fuse_mounts_at(&plain),
+            1,
+            "the daemon's plain FUSE session at {} is not visible on the node; log:\n{}",
+            plain.display(),
+            node.log("snapshotter")
+        );
+    }
+    let kept = node
+        .log("snapshotter")
+        .matches("the keeper holds the FUSE session")
+        .count();
     assert!(
-        node.log("snapshotter")
-            .contains("the keeper holds the FUSE session"),
-        "the daemon did not hand its session to the keeper container; log:\n{}",
+        kept == 1 + usize::from(cfg.fuse.plain_session),
+        "the daemon did not hand both sessions to the keeper container; log:\n{}",
         node.log("snapshotter")
     );
 

@@ -279,17 +279,21 @@ fn keeper_shares_the_socket_dir() {
         Some(&"keeper"),
         "{what}: args must start with the keeper subcommand"
     );
-    let socket = args
+    let sockets: Vec<PathBuf> = args
         .iter()
-        .position(|a| *a == "--socket")
-        .and_then(|i| args.get(i + 1))
-        .map(PathBuf::from)
-        .unwrap_or_else(|| panic!("{what}: no --socket argument"));
+        .enumerate()
+        .filter(|(_, a)| **a == "--socket")
+        .filter_map(|(i, _)| args.get(i + 1).map(PathBuf::from))
+        .collect();
+    let mut want = vec![cfg.keeper_socket()];
+    if cfg.fuse.plain_session {
+        want.push(cfg.plain_keeper_socket());
+    }
     assert_eq!(
-        socket,
-        cfg.keeper_socket(),
-        "{what}: --socket differs from the snapshotter's fuse.keeper_socket"
+        sockets, want,
+        "{what}: --socket arguments differ from the snapshotter's fuse.keeper_socket (and the plain session's keeper socket beside it)"
     );
+    let socket = sockets[0].clone();
     let (khost, _) = host_path_for(kds, kc, &socket, what);
     let (shost, _) = host_path_for(sds, sc, &cfg.keeper_socket(), "weenv-snapshotter DaemonSet");
     assert_eq!(

@@ -204,17 +204,32 @@ fn stall(durs: &[(f64, f64)], from: f64, to: f64) -> (f64, f64) {
     (max, p99)
 }
 
+/// The layers on the full session only (`plain_session = false`): the held file is opened
+/// with passthrough, and its backing id must survive both takeovers.
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs root, containerd, runc, fuse (Linux 6.9+), docker-registry, skopeo, debootstrap"]
 async fn running_container_reads_through_kill_and_restart() -> Result<()> {
+    restart_scenario(false).await
+}
+
+/// The defaults: the image's layers (no xattrs) on the plain session, kept by a keeper of its
+/// own; both sessions are taken over at each restart.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs root, containerd, runc, fuse (Linux 6.9+), docker-registry, skopeo, debootstrap"]
+async fn running_container_on_the_plain_session_reads_through_kill_and_restart() -> Result<()> {
+    restart_scenario(true).await
+}
+
+async fn restart_scenario(plain: bool) -> Result<()> {
     let pi = PythonImage::start().await?;
     let root = pi.tmp.path().join("snap");
     let _keeper = KeeperGuard(root.join("state/fuse-keeper.sock"));
+    let _plain_keeper = KeeperGuard(root.join("state/fuse-keeper-plain.sock"));
     let mut daemon = Daemon::start_with_extra(
         &root,
         &pi.daemon_options(),
         &[],
-        "[fuse]\nhandover = true\nkeeper_timeout_secs = 120\n",
+        &format!("[fuse]\nhandover = true\nkeeper_timeout_secs = 120\nplain_session = {plain}\n"),
     )?;
     let ctd = Containerd::start(ContainerdOptions {
         proxy_snapshotter: Some(daemon.socket.clone()),
@@ -295,7 +310,23 @@ async fn running_container_reads_through_kill_and_restart() -> Result<()> {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let pt = passthrough_opens(&daemon)?;
-    ensure!(pt >= 1, "{big_path} was never opened with passthrough");
+    let plain_lowers = std::fs::read_to_string("/proc/self/mountinfo")?
+        .lines()
+        .filter(|l| l.contains(&*root.join("state/mnt-plain/").to_string_lossy()))
+        .count();
+    if plain {
+        ensure!(
+            plain_lowers >= 1,
+            "the reader's layers should be on the plain session\n{}",
+            daemon.log()
+        );
+    } else {
+        ensure!(
+            plain_lowers == 0,
+            "plain_session = false, yet a plain lower"
+        );
+        ensure!(pt >= 1, "{big_path} was never opened with passthrough");
+    }
     read_on(&io, 2000).await.with_context(|| daemon.log())?;
 
     // 1. kill -9, then a new daemon at once.
@@ -366,9 +397,10 @@ async fn running_container_reads_through_kill_and_restart() -> Result<()> {
     );
     ensure!(reads >= 6000, "only {reads} reads");
     let log = daemon.log();
+    let sessions = if plain { 2 } else { 1 };
     ensure!(
-        log.matches("serving the taken-over FUSE session").count() == 2,
-        "both restarts should take the session over:\n{log}"
+        log.matches("serving the taken-over FUSE session").count() == 2 * sessions,
+        "both restarts should take the {sessions} session(s) over:\n{log}"
     );
 
     let _ = ctd.ctr_ns("restart", &["task", "kill", "-s", "KILL", "reader"]);

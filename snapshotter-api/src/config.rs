@@ -255,10 +255,19 @@ impl Default for PrefetchSection {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FuseSection {
-    /// Mountpoint of the single FUSE session; each layer is `<mountpoint>/<digest hex>`.
+    /// Mountpoint of the full FUSE session; each layer is `<mountpoint>/<digest hex>`.
     /// Default `<root_dir>/mnt`.
     #[serde(default)]
     pub mountpoint: Option<PathBuf>,
+    /// A second FUSE session, at `<mountpoint>-plain`, for the layers without any xattr (no
+    /// file capabilities, no opaque directories): it tells the kernel once that it has no
+    /// xattrs and no open/release, so overlayfs stops asking for `trusted.overlay.*` on every
+    /// lookup and files open without a round trip (no passthrough on it). Overlay mounts
+    /// name those layers there. With `handover` it needs a keeper of its own, on
+    /// `<keeper_socket stem>-plain.sock` (spawned like the first, or run beside it).
+    /// Default true.
+    #[serde(default = "default_true")]
+    pub plain_session: bool,
     /// FUSE request threads. Default 4.
     #[serde(default = "default_fuse_threads")]
     pub threads: usize,
@@ -422,6 +431,7 @@ impl Default for FuseSection {
     fn default() -> Self {
         Self {
             mountpoint: None,
+            plain_session: true,
             threads: default_fuse_threads(),
             passthrough: true,
             handover: false,
@@ -656,6 +666,32 @@ impl Config {
             .clone()
             .unwrap_or_else(|| self.root_dir.join("mnt"))
     }
+
+    /// The plain session's mountpoint (`<mountpoint>-plain`), if `fuse.plain_session` is on.
+    pub fn plain_mountpoint(&self) -> Option<PathBuf> {
+        self.fuse
+            .plain_session
+            .then(|| with_suffix(&self.mountpoint(), "-plain"))
+    }
+
+    /// The plain session keeper's socket: the keeper socket's name with `-plain` before its
+    /// extension (`fuse-keeper-plain.sock`).
+    pub fn plain_keeper_socket(&self) -> PathBuf {
+        with_suffix(&self.keeper_socket(), "-plain")
+    }
+}
+
+/// `path` with `suffix` appended to its file stem (before the extension, if any).
+fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
+    let stem = path
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let name = match path.extension() {
+        Some(ext) => format!("{stem}{suffix}.{}", ext.to_string_lossy()),
+        None => format!("{stem}{suffix}"),
+    };
+    path.with_file_name(name)
 }
 
 /// Parse an observability listen address: `""` (off), `unix:/abs/path`, or `ip:port`.
@@ -720,6 +756,24 @@ mod tests {
         assert!(!c.fuse.handover && c.fuse.spawn_keeper);
         assert_eq!(c.fuse.keeper_timeout_secs, 600);
         assert_eq!(c.keeper_socket(), PathBuf::from("/r/fuse-keeper.sock"));
+    }
+
+    #[test]
+    fn the_plain_session_sits_beside_the_full_one_with_its_own_keeper() {
+        let c = parse("version = 1\nroot_dir = \"/r\"").unwrap();
+        assert_eq!(c.plain_mountpoint(), Some(PathBuf::from("/r/mnt-plain")));
+        assert_eq!(
+            c.plain_keeper_socket(),
+            PathBuf::from("/r/fuse-keeper-plain.sock")
+        );
+        let c = parse(
+            "version = 1\n[fuse]\nmountpoint = \"/m/fs\"\nkeeper_socket = \"/k/keeper\"\nplain_session = false",
+        )
+        .unwrap();
+        assert_eq!(c.plain_mountpoint(), None, "off when asked");
+        assert_eq!(c.plain_keeper_socket(), PathBuf::from("/k/keeper-plain"));
+        let c = parse("version = 1\n[fuse]\nmountpoint = \"/m/fs\"").unwrap();
+        assert_eq!(c.plain_mountpoint(), Some(PathBuf::from("/m/fs-plain")));
     }
 
     #[test]

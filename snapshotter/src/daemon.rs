@@ -102,6 +102,7 @@ impl Observable for Obs {
 pub fn layer_store_config(cfg: &Config) -> LayerStoreConfig {
     LayerStoreConfig {
         mountpoint: cfg.mountpoint(),
+        plain_mountpoint: cfg.plain_mountpoint(),
         cache_dir: cfg.cache_dir(),
         memory_cache_bytes: cfg.cache.memory_bytes,
         disk_cache_bytes: cfg.cache.disk_bytes,
@@ -161,27 +162,35 @@ pub async fn run(cfg: Config) -> Result<(), DaemonError> {
     }
     let store = Arc::new(MetaStore::open(&cfg.db_path())?);
     let metrics = Arc::new(Metrics::new());
-    let keeper = if cfg.fuse.handover {
+    let connect = |socket: &std::path::Path, what: &str| {
         match crate::handover::client::KeeperClient::connect_or_spawn(
-            &cfg.keeper_socket(),
+            socket,
             cfg.fuse.spawn_keeper,
             cfg.fuse.keeper_timeout_secs,
         ) {
             Ok(k) => Some(k),
             Err(e) => {
-                error!(error = %e, "no FUSE session keeper: running containers will not survive a restart of this daemon");
+                error!(error = %e, socket = %socket.display(), "no keeper for the {what} FUSE session: its containers will not survive a restart of this daemon");
                 None
             }
         }
+    };
+    let keepers = if cfg.fuse.handover {
+        let full = connect(&cfg.keeper_socket(), "full");
+        let plain = match cfg.plain_mountpoint() {
+            Some(_) if full.is_some() => connect(&cfg.plain_keeper_socket(), "plain"),
+            _ => None,
+        };
+        (full, plain)
     } else {
         info!("fuse.handover is off: running containers lose their lazy layers when this daemon stops");
-        None
+        (None, None)
     };
     let layers = LayerStore::start_with(
         layer_store_config(&cfg),
         tokio::runtime::Handle::current(),
         metrics.clone(),
-        keeper,
+        keepers,
     )?;
     {
         let store = store.clone();

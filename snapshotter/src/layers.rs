@@ -1,7 +1,11 @@
-//! [`LayerStore`]: the node's weenv layers, exposed read-only through ONE FUSE session.
+//! [`LayerStore`]: the node's weenv layers, exposed read-only through one FUSE session for
+//! all layers, plus a second, "plain" one for the layers without xattrs.
 //!
-//! `<mountpoint>/<layer digest hex>` is the root of each added layer and is used directly as
-//! an overlayfs lowerdir. Frames are cached once per node (L1 memory, L2 disk, content
+//! `<mountpoint>/<layer digest hex>` is the root of each added layer and can be used directly
+//! as an overlayfs lowerdir; a layer without xattrs is also at `<plain mountpoint>/<hex>`,
+//! where the kernel stops asking for xattrs and opens (see [`SessionKind`]), and that is the
+//! directory [`LayerStore::layer_path`] names. Both sessions share one state and one inode
+//! numbering; the reasons below for one session rather than one per layer hold for both. Frames are cached once per node (L1 memory, L2 disk, content
 //! addressed), shared by every layer that holds them.
 //!
 //! One session for all layers, not one per layer, because:
@@ -32,7 +36,7 @@ use crate::fs::layer::{Layer, ROOT_INO};
 use crate::fs::ops::{FsState, Layers};
 use crate::fs::passthrough::Passthrough;
 use crate::fs::trust::{check_complete, PersistFn, QuarantineHook};
-use crate::fs::WeenvFs;
+use crate::fs::{SessionKind, SessionState, WeenvFs};
 use crate::handover::client::KeeperClient;
 use crate::handover::{resume, SessionMeta, META_VERSION};
 use crate::metrics::Metrics;
@@ -58,6 +62,9 @@ pub type TocReload = Arc<dyn Fn() -> Result<Toc, String> + Send + Sync>;
 pub struct LayerStoreConfig {
     /// Where the FUSE session is mounted (created if missing).
     pub mountpoint: PathBuf,
+    /// Where the plain session is mounted (None: no plain session; every layer is served by
+    /// the session at `mountpoint`). See [`SessionKind::Plain`].
+    pub plain_mountpoint: Option<PathBuf>,
     /// Cache root: `frames/` (L2) and `files/` (complete files for passthrough). Must be on
     /// a non-stacked local fs (ext4, xfs), not on overlayfs.
     pub cache_dir: PathBuf,
@@ -149,24 +156,119 @@ pub struct LayerStatus {
     pub quarantined: Option<String>,
 }
 
-/// The node's layers behind one FUSE session.
-pub struct LayerStore {
-    cfg: LayerStoreConfig,
-    st: Arc<FsState>,
+/// One FUSE session of the store, mounted at `mountpoint`.
+struct FuseMount {
+    mountpoint: PathBuf,
+    state: Arc<SessionState>,
     session: Mutex<Option<BackgroundSession>>,
     /// A taken-over session, served by [`LayerStore::serve`] once the layers are back.
     pending: Mutex<Option<Session<WeenvFs>>>,
     notifier: Option<Notifier>,
     /// The keeper holding a copy of the session's fd (see [`crate::handover`]).
     keeper: Option<Arc<KeeperClient>>,
-    /// The session was left to the keeper: never unmount it.
-    handed_over: AtomicBool,
-    /// The thread sending live opens to the keeper.
-    open_log: Mutex<Option<std::thread::JoinHandle<()>>>,
     /// The FUSE INTERRUPT probe: its lookup on our own mount must be answered while the
     /// workers live, or its thread waits in the kernel forever and keeps the process (and the
     /// session's fd) from ending.
     probe: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+impl FuseMount {
+    fn kind(&self) -> SessionKind {
+        self.state.kind
+    }
+
+    fn live(&self) -> bool {
+        self.session.lock().is_some() || self.pending.lock().is_some()
+    }
+
+    /// Drops the kernel's cached listing of the mount root (layers came or went).
+    fn root_changed(&self) {
+        if let Some(n) = &self.notifier {
+            if let Err(e) = n.inval_inode(INodeNo(ROOT_INO), 0, 0) {
+                // ENOENT: the kernel has no inode for the root cached yet (nothing to drop).
+                if e.raw_os_error() != Some(libc::ENOENT) {
+                    tracing::debug!(error = %e, mountpoint = %self.mountpoint.display(), "invalidating the mount root's listing failed");
+                }
+            }
+        }
+    }
+
+    /// Waits for the INTERRUPT probe (about [`crate::fs::interrupt::HOLD`], at most a few
+    /// seconds) while the session still answers it.
+    fn join_probe(&self) {
+        if let Some(h) = self.probe.lock().take() {
+            let _ = h.join();
+        }
+    }
+
+    /// Serves a taken-over session (no-op for a new one).
+    fn serve(&self, layers: usize) -> Result<(), LayerError> {
+        let Some(session) = self.pending.lock().take() else {
+            return Ok(());
+        };
+        let err = |error| LayerError::Mount {
+            mountpoint: self.mountpoint.clone(),
+            error,
+        };
+        let fd = session.as_fd().try_clone_to_owned().map_err(err)?;
+        let bg = session.spawn().map_err(err)?;
+        *self.session.lock() = Some(bg);
+        match resume::notify_resend(fd.as_fd()) {
+            Ok(()) => tracing::info!(
+                layers,
+                mountpoint = %self.mountpoint.display(),
+                "serving the taken-over FUSE session (unanswered requests re-queued)"
+            ),
+            Err(e) => {
+                tracing::warn!(error = %e, "FUSE_NOTIFY_RESEND failed (Linux < 6.9?): requests the previous daemon read are never answered")
+            }
+        }
+        Ok(())
+    }
+
+    /// Leaves the session to its keeper (never unmounted by this process).
+    fn hand_over(&self) {
+        self.join_probe();
+        if let Some(s) = self.session.lock().take() {
+            // Dropping it would unmount.
+            std::mem::forget(s);
+        }
+        if let Some(s) = self.pending.lock().take() {
+            std::mem::forget(s);
+        }
+        tracing::info!(mountpoint = %self.mountpoint.display(), "FUSE session left to the keeper for the next daemon");
+    }
+
+    fn shutdown(&self) {
+        drop(self.pending.lock().take());
+        self.join_probe();
+        let Some(session) = self.session.lock().take() else {
+            return;
+        };
+        if let Err(e) = session.umount_and_join() {
+            tracing::warn!(error = %e, mountpoint = %self.mountpoint.display(), "unmount failed; detaching lazily");
+            let _ = nix::mount::umount2(&self.mountpoint, nix::mount::MntFlags::MNT_DETACH);
+        }
+        if let Some(k) = &self.keeper {
+            if let Err(e) = k.release() {
+                tracing::warn!(error = %e, mountpoint = %self.mountpoint.display(), "the keeper did not forget the unmounted session");
+            }
+        }
+    }
+}
+
+/// The node's layers behind two FUSE sessions: every layer at `<mountpoint>/<hex>`, and
+/// layers without xattrs also at `<plain mountpoint>/<hex>`, where the kernel asks less (see
+/// [`SessionKind`]); [`LayerStore::layer_path`] names the plain one when there is one.
+pub struct LayerStore {
+    cfg: LayerStoreConfig,
+    st: Arc<FsState>,
+    /// The full session first, then the plain one (if mounted).
+    mounts: Vec<FuseMount>,
+    /// The sessions were left to their keepers: never unmount them.
+    handed_over: AtomicBool,
+    /// The thread sending live opens (full session: the only one with opens) to the keeper.
+    open_log: Mutex<Option<std::thread::JoinHandle<()>>>,
     fills: Mutex<HashMap<Digest, JoinHandle<()>>>,
     fill_budget: Arc<FillShared>,
 }
@@ -287,6 +389,165 @@ fn clear_stale_mount(mountpoint: &Path) {
     }
 }
 
+/// Gives every digest of a kept session its old slot.
+fn restore_slots(st: &FsState, meta: &SessionMeta) {
+    let mut g = st.layers.write();
+    for (d, slot) in &meta.slots {
+        match d.parse::<Digest>() {
+            Ok(d) => {
+                if let Some(old) = g.slot_of.get(&d).filter(|s| **s != *slot) {
+                    tracing::warn!(digest = %d, slot, kept = old, "the keepers disagree on a layer's slot; keeping the first");
+                    continue;
+                }
+                g.slot_of.insert(d, *slot);
+                if g.by_slot.len() <= *slot as usize {
+                    g.by_slot.resize(*slot as usize + 1, None);
+                }
+            }
+            Err(e) => {
+                tracing::warn!(digest = %d, error = %e, "kept slot of an unparsable digest")
+            }
+        }
+    }
+}
+
+/// Takes over the session `takeover` (kept by `keeper`), else mounts a new session of `kind`
+/// at `mountpoint` and gives `keeper` a copy of its fd.
+fn open_mount(
+    st: &Arc<FsState>,
+    kind: SessionKind,
+    mountpoint: &Path,
+    threads: usize,
+    mut keeper: Option<Arc<KeeperClient>>,
+    takeover: Option<(std::os::fd::OwnedFd, SessionMeta)>,
+) -> Result<FuseMount, LayerError> {
+    if takeover.is_none() {
+        clear_stale_mount(mountpoint);
+        std::fs::create_dir_all(mountpoint).map_err(io_err(mountpoint))?;
+    }
+    let state = SessionState::new(kind);
+    let fs = WeenvFs {
+        st: st.clone(),
+        session: state.clone(),
+    };
+    let mut fc = Config::default();
+    fc.mount_options = vec![
+        MountOption::FSName("weenv".into()),
+        MountOption::Subtype("weenv".into()),
+        MountOption::RO,
+        MountOption::DefaultPermissions,
+        MountOption::Suid,
+        MountOption::Dev,
+        MountOption::NoAtime,
+    ];
+    fc.acl = SessionACL::All;
+    fc.n_threads = Some(threads.max(1));
+    // One /dev/fuse fd shared by the workers, not one cloned fd each: the kernel finds
+    // the request an answer is for only in the queue of the fd it was read from, and an
+    // INTERRUPT is read by any worker; with cloned fds fuser's ENOSYS for it mostly went
+    // to another fd than the request's (ENOENT, logged as `Failed to send FUSE reply`) and
+    // the kernel never learnt that interrupts are not supported (see `fs::interrupt`).
+    fc.clone_fd = false;
+    let mount_err = |source| LayerError::Mount {
+        mountpoint: mountpoint.to_path_buf(),
+        error: source,
+    };
+    if let Some((fd, meta)) = takeover {
+        *state.init.lock() = Some(meta.init);
+        let session = resume::resume_session(fs, fd, &meta.init, fc).map_err(mount_err)?;
+        tracing::info!(
+            mountpoint = %mountpoint.display(),
+            ?kind,
+            slots = meta.slots.len(),
+            takeovers = meta.takeovers,
+            passthrough = st.passthrough.active(),
+            "taking over the FUSE session kept by the keeper; requests wait until the layers are back"
+        );
+        return Ok(FuseMount {
+            mountpoint: mountpoint.to_path_buf(),
+            state,
+            session: Mutex::new(None),
+            notifier: Some(session.notifier()),
+            pending: Mutex::new(Some(session)),
+            keeper,
+            probe: Mutex::new(None),
+        });
+    }
+    let session = Session::new(fs, mountpoint, &fc).map_err(mount_err)?;
+    if let Some(k) = &keeper {
+        let init = (*state.init.lock()).unwrap_or(crate::handover::InitParams {
+            major: 7,
+            minor: 0,
+            flags: 0,
+        });
+        // A new session starts with every slot given so far (the other session's layers
+        // included: both number inodes alike).
+        let slots = st
+            .layers
+            .read()
+            .slot_of
+            .iter()
+            .map(|(d, s)| (d.to_string(), *s))
+            .collect();
+        let meta = SessionMeta {
+            version: META_VERSION,
+            mountpoint: mountpoint.to_path_buf(),
+            init,
+            slots,
+            takeovers: 0,
+            opens: Vec::new(),
+        };
+        match k.put(session.as_fd(), meta) {
+            Ok(()) => {
+                tracing::info!(mountpoint = %mountpoint.display(), "the keeper holds the FUSE session: running containers survive a restart of this daemon")
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, mountpoint = %mountpoint.display(), "the keeper refused the FUSE session: running containers will not survive a restart");
+                keeper = None;
+            }
+        }
+    }
+    let notifier = Some(session.notifier());
+    let session = session.spawn().map_err(mount_err)?;
+    let probe = {
+        // Off the start path: the probe holds one lookup for a few hundred ms.
+        let (state, mp) = (state.clone(), mountpoint.to_path_buf());
+        let probe = std::thread::Builder::new()
+            .name("fuse-interrupts".into())
+            .spawn(move || {
+                let ok = crate::fs::interrupt::disable_interrupts(&mp, &state.probe);
+                tracing::debug!(
+                    ok,
+                    mountpoint = %mp.display(),
+                    "FUSE INTERRUPT probe (the kernel stops sending interrupts)"
+                );
+            });
+        match probe {
+            Ok(h) => Some(h),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot start the FUSE INTERRUPT probe");
+                None
+            }
+        }
+    };
+    tracing::info!(
+        mountpoint = %mountpoint.display(),
+        ?kind,
+        passthrough = st.passthrough.active(),
+        threads,
+        "weenv FUSE session mounted"
+    );
+    Ok(FuseMount {
+        mountpoint: mountpoint.to_path_buf(),
+        state,
+        session: Mutex::new(Some(session)),
+        pending: Mutex::new(None),
+        keeper,
+        probe: Mutex::new(probe),
+        notifier,
+    })
+}
+
 impl LayerStore {
     /// Mounts the FUSE session at `cfg.mountpoint` and opens the caches.
     pub fn start(
@@ -294,26 +555,36 @@ impl LayerStore {
         rt: tokio::runtime::Handle,
         metrics: Arc<Metrics>,
     ) -> Result<Arc<LayerStore>, LayerError> {
-        Self::start_with(cfg, rt, metrics, None)
+        Self::start_with(cfg, rt, metrics, (None, None))
     }
 
-    /// [`Self::start`] with a keeper: takes over the session it holds (served only from
-    /// [`Self::serve`] on, once the layers are added again), else mounts a new session and
-    /// gives the keeper a copy of its fd.
+    /// [`Self::start`] with keepers (`keepers.0` for the full session, `.1` for the plain
+    /// one): takes over the sessions they hold (served only from [`Self::serve`] on, once
+    /// the layers are added again), else mounts new sessions and gives each keeper a copy of
+    /// its fd. With a keeper for the full session but none for the plain one, no plain
+    /// session is mounted (its containers would not survive a restart).
     pub fn start_with(
         cfg: LayerStoreConfig,
         rt: tokio::runtime::Handle,
         metrics: Arc<Metrics>,
-        keeper: Option<KeeperClient>,
+        keepers: (Option<KeeperClient>, Option<KeeperClient>),
     ) -> Result<Arc<LayerStore>, LayerError> {
-        let mut keeper = keeper.map(Arc::new);
+        let (keeper, mut plain_keeper) = (keepers.0.map(Arc::new), keepers.1.map(Arc::new));
+        let mut plain_at = cfg.plain_mountpoint.clone();
+        if keeper.is_some() && plain_keeper.is_none() && plain_at.is_some() {
+            tracing::warn!("no keeper for the plain FUSE session: every layer is served by the full session (overlayfs asks it for xattrs on every lookup)");
+            plain_at = None;
+        }
+        if plain_at.is_none() {
+            plain_keeper = None;
+        }
         let takeover = keeper
             .as_ref()
             .and_then(|k| usable_takeover(k, &cfg.mountpoint));
-        if takeover.is_none() {
-            clear_stale_mount(&cfg.mountpoint);
-            std::fs::create_dir_all(&cfg.mountpoint).map_err(io_err(&cfg.mountpoint))?;
-        }
+        let plain_takeover = match (&plain_keeper, &plain_at) {
+            (Some(k), Some(mp)) => usable_takeover(k, mp),
+            _ => None,
+        };
         let l2 = DiskCache::open(&cfg.cache_dir, cfg.disk_cache_bytes, metrics.clone())?;
         let limits = PlanLimits {
             max_gap: cfg.fill.max_gap_bytes,
@@ -340,140 +611,49 @@ impl LayerStore {
             ttl: Duration::from_secs(24 * 3600),
             root_ttl: Duration::from_secs(1),
             mounted_at: SystemTime::now(),
-            probe: Default::default(),
-            init: parking_lot::Mutex::new(None),
         });
+        // Every digest keeps its slot, so the kernel's inode numbers stay valid (both
+        // sessions number inodes alike: both keepers record every slot).
+        for (_, meta) in takeover.iter().chain(plain_takeover.iter()) {
+            restore_slots(&st, meta);
+        }
         if let Some((_, meta)) = &takeover {
-            // Every digest keeps its slot, so the kernel's inode numbers stay valid.
-            let mut g = st.layers.write();
-            for (d, slot) in &meta.slots {
-                match d.parse::<Digest>() {
-                    Ok(d) => {
-                        g.slot_of.insert(d, *slot);
-                        if g.by_slot.len() <= *slot as usize {
-                            g.by_slot.resize(*slot as usize + 1, None);
-                        }
-                    }
-                    Err(e) => {
-                        tracing::warn!(digest = %d, error = %e, "kept slot of an unparsable digest")
-                    }
-                }
-            }
             st.passthrough.set_fh_base(meta.takeovers << 40);
             st.passthrough.restore_opens(&meta.opens);
         }
-        let mut fc = Config::default();
-        fc.mount_options = vec![
-            MountOption::FSName("weenv".into()),
-            MountOption::Subtype("weenv".into()),
-            MountOption::RO,
-            MountOption::DefaultPermissions,
-            MountOption::Suid,
-            MountOption::Dev,
-            MountOption::NoAtime,
-        ];
-        fc.acl = SessionACL::All;
-        fc.n_threads = Some(cfg.fuse_threads.max(1));
-        // One /dev/fuse fd shared by the workers, not one cloned fd each: the kernel finds
-        // the request an answer is for only in the queue of the fd it was read from, and an
-        // INTERRUPT is read by any worker; with cloned fds fuser's ENOSYS for it mostly went
-        // to another fd than the request's (ENOENT, logged as `Failed to send FUSE reply`) and
-        // the kernel never learnt that interrupts are not supported (see `fs::interrupt`).
-        fc.clone_fd = false;
-        let mount_err = |source| LayerError::Mount {
-            mountpoint: cfg.mountpoint.clone(),
-            error: source,
-        };
-        if let Some((fd, meta)) = takeover {
-            let session = resume::resume_session(WeenvFs { st: st.clone() }, fd, &meta.init, fc)
-                .map_err(mount_err)?;
-            let open_log = keeper.as_ref().and_then(|k| start_open_log(&st, k.clone()));
-            tracing::info!(
-                mountpoint = %cfg.mountpoint.display(),
-                slots = meta.slots.len(),
-                takeovers = meta.takeovers,
-                passthrough = st.passthrough.active(),
-                "taking over the FUSE session kept by the keeper; requests wait until the layers are back"
-            );
-            return Ok(Arc::new(LayerStore {
-                st,
-                session: Mutex::new(None),
-                notifier: Some(session.notifier()),
-                pending: Mutex::new(Some(session)),
-                keeper,
-                handed_over: AtomicBool::new(false),
-                open_log: Mutex::new(open_log),
-                probe: Mutex::new(None),
-                fills: Mutex::new(HashMap::new()),
-                fill_budget: Arc::new(FillShared::default()),
-                cfg,
-            }));
-        }
-        let session =
-            Session::new(WeenvFs { st: st.clone() }, &cfg.mountpoint, &fc).map_err(mount_err)?;
-        let mut open_log = None;
-        if let Some(k) = &keeper {
-            let init = (*st.init.lock()).unwrap_or(crate::handover::InitParams {
-                major: 7,
-                minor: 0,
-                flags: 0,
-            });
-            let meta = SessionMeta {
-                version: META_VERSION,
-                mountpoint: cfg.mountpoint.clone(),
-                init,
-                slots: Default::default(),
-                takeovers: 0,
-                opens: Vec::new(),
-            };
-            match k.put(session.as_fd(), meta) {
-                Ok(()) => {
-                    open_log = start_open_log(&st, k.clone());
-                    tracing::info!("the keeper holds the FUSE session: running containers survive a restart of this daemon")
-                }
+        let full = open_mount(
+            &st,
+            SessionKind::Full,
+            &cfg.mountpoint,
+            cfg.fuse_threads,
+            keeper,
+            takeover,
+        )?;
+        let open_log = full
+            .keeper
+            .as_ref()
+            .and_then(|k| start_open_log(&st, k.clone()));
+        let mut mounts = vec![full];
+        if let Some(mp) = plain_at {
+            match open_mount(
+                &st,
+                SessionKind::Plain,
+                &mp,
+                cfg.fuse_threads,
+                plain_keeper,
+                plain_takeover,
+            ) {
+                Ok(m) => mounts.push(m),
                 Err(e) => {
-                    tracing::warn!(error = %e, "the keeper refused the FUSE session: running containers will not survive a restart");
-                    keeper = None;
+                    tracing::warn!(error = %e, "the plain FUSE session could not be mounted: every layer is served by the full session")
                 }
             }
         }
-        let notifier = Some(session.notifier());
-        let session = session.spawn().map_err(mount_err)?;
-        let probe = {
-            // Off the start path: the probe holds one lookup for a few hundred ms.
-            let (st, mp) = (st.clone(), cfg.mountpoint.clone());
-            let probe = std::thread::Builder::new()
-                .name("fuse-interrupts".into())
-                .spawn(move || {
-                    let ok = crate::fs::interrupt::disable_interrupts(&mp, &st.probe);
-                    tracing::debug!(
-                        ok,
-                        "FUSE INTERRUPT probe (the kernel stops sending interrupts)"
-                    );
-                });
-            match probe {
-                Ok(h) => Some(h),
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot start the FUSE INTERRUPT probe");
-                    None
-                }
-            }
-        };
-        tracing::info!(
-            mountpoint = %cfg.mountpoint.display(),
-            passthrough = st.passthrough.active(),
-            threads = cfg.fuse_threads,
-            "weenv FUSE session mounted"
-        );
         Ok(Arc::new(LayerStore {
             st,
-            session: Mutex::new(Some(session)),
-            pending: Mutex::new(None),
-            keeper,
+            mounts,
             handed_over: AtomicBool::new(false),
             open_log: Mutex::new(open_log),
-            probe: Mutex::new(probe),
-            notifier,
             fills: Mutex::new(HashMap::new()),
             fill_budget: Arc::new(FillShared::default()),
             cfg,
@@ -485,9 +665,27 @@ impl LayerStore {
         &self.st.store
     }
 
-    /// The directory of layer `digest` (whether or not it is mounted).
+    /// The directory of layer `digest` (whether or not it is mounted): on the plain session
+    /// when there is one and the layer has no xattrs, else on the full session.
     pub fn layer_path(&self, digest: &Digest) -> PathBuf {
-        self.cfg.mountpoint.join(digest.hex())
+        let plain = self.layer(digest).is_some_and(|l| l.plain);
+        let mount = self
+            .mounts
+            .iter()
+            .find(|m| m.kind() == SessionKind::Plain && plain)
+            .unwrap_or(&self.mounts[0]);
+        mount.mountpoint.join(digest.hex())
+    }
+
+    /// True if `dir` is a directory of layer `digest` on one of the sessions (the full session
+    /// lists every layer: a snapshot made before the plain session existed keeps working).
+    pub fn serves_dir(&self, digest: &Digest, dir: &Path) -> bool {
+        let Some(l) = self.layer(digest) else {
+            return false;
+        };
+        self.mounts
+            .iter()
+            .any(|m| m.kind().serves(&l) && m.mountpoint.join(digest.hex()) == dir)
     }
 
     /// Exposes a layer (idempotent) and starts its background fill. The returned directory
@@ -513,7 +711,7 @@ impl LayerStore {
         claim: Option<Digest>,
         reload: Option<TocReload>,
     ) -> Result<PathBuf, LayerError> {
-        if self.session.lock().is_none() && self.pending.lock().is_none() {
+        if !self.mounts[0].live() {
             return Err(LayerError::ShutDown);
         }
         if self.has_layer(digest) {
@@ -543,7 +741,10 @@ impl LayerStore {
                 }
             }
         };
-        if let (true, Some(k)) = (new, &self.keeper) {
+        for k in self.mounts.iter().filter_map(|m| m.keeper.as_ref()) {
+            if !new {
+                break;
+            }
             // Recorded before the layer is visible: no inode of it reaches the kernel first.
             if let Err(e) = k.slot(digest.as_str(), slot) {
                 tracing::warn!(error = %e, layer = %digest, "the keeper did not record the layer's slot; a successor cannot serve it");
@@ -817,13 +1018,8 @@ impl LayerStore {
     /// listings for the whole session (see `WeenvFs::opendir`), so the root inode's cached
     /// listing and attributes are dropped.
     fn root_changed(&self) {
-        if let Some(n) = &self.notifier {
-            if let Err(e) = n.inval_inode(INodeNo(ROOT_INO), 0, 0) {
-                // ENOENT: the kernel has no inode for the root cached yet (nothing to drop).
-                if e.raw_os_error() != Some(libc::ENOENT) {
-                    tracing::debug!(error = %e, "invalidating the mount root's listing failed");
-                }
-            }
+        for m in &self.mounts {
+            m.root_changed();
         }
     }
 
@@ -852,7 +1048,7 @@ impl LayerStore {
         if let Some(h) = self.fills.lock().remove(digest) {
             h.abort();
         }
-        if let Some(n) = &self.notifier {
+        for n in self.mounts.iter().filter_map(|m| m.notifier.as_ref()) {
             let _ = n.inval_entry(INodeNo(ROOT_INO), OsStr::new(digest.hex()));
         }
         self.root_changed();
@@ -928,43 +1124,37 @@ impl LayerStore {
         self.st.passthrough.active()
     }
 
-    /// The mountpoint.
+    /// The mountpoint of the full session.
     pub fn mountpoint(&self) -> &Path {
         &self.cfg.mountpoint
     }
 
-    /// Starts serving a taken-over session (after the layers were added again): the FUSE
+    /// The mountpoint of the plain session, if one is mounted.
+    pub fn plain_mountpoint(&self) -> Option<&Path> {
+        self.mounts
+            .iter()
+            .find(|m| m.kind() == SessionKind::Plain)
+            .map(|m| m.mountpoint.as_path())
+    }
+
+    /// Starts serving taken-over sessions (after the layers were added again): the FUSE
     /// workers start reading, and the kernel queues again what the previous daemon read
     /// but never answered. No-op for a session this store mounted.
     pub fn serve(&self) -> Result<(), LayerError> {
-        let Some(session) = self.pending.lock().take() else {
-            return Ok(());
-        };
-        let err = |error| LayerError::Mount {
-            mountpoint: self.cfg.mountpoint.clone(),
-            error,
-        };
-        let fd = session.as_fd().try_clone_to_owned().map_err(err)?;
-        let bg = session.spawn().map_err(err)?;
-        *self.session.lock() = Some(bg);
-        match resume::notify_resend(fd.as_fd()) {
-            Ok(()) => tracing::info!(
-                layers = self.all_layers().len(),
-                "serving the taken-over FUSE session (unanswered requests re-queued)"
-            ),
-            Err(e) => {
-                tracing::warn!(error = %e, "FUSE_NOTIFY_RESEND failed (Linux < 6.9?): requests the previous daemon read are never answered")
-            }
+        let layers = self.all_layers().len();
+        for m in &self.mounts {
+            m.serve(layers)?;
         }
         Ok(())
     }
 
-    /// True if a keeper holds the session: [`Self::hand_over`] keeps containers running.
+    /// True if a keeper holds the full session (the plain one is mounted only with a keeper
+    /// of its own when the full one has one).
     pub fn can_hand_over(&self) -> bool {
-        self.keeper.is_some()
+        self.mounts[0].keeper.is_some()
     }
 
-    /// Leaves the session to the keeper for the next daemon (planned restart or upgrade):
+    /// Leaves the sessions to the keepers for the next daemon (planned restart or upgrade):
     /// stops fills, never unmounts. The FUSE workers keep answering until the process
     /// exits; what they read and did not answer, the successor gets again.
     pub fn hand_over(&self) {
@@ -972,7 +1162,6 @@ impl LayerStore {
             h.abort();
         }
         self.handed_over.store(true, Ordering::Release);
-        self.join_probe();
         self.st.passthrough.leak_backing_ids();
         // The keeper gets every open recorded so far (opens answered from now until the
         // process exits are not recorded).
@@ -980,26 +1169,13 @@ impl LayerStore {
         if let Some(h) = self.open_log.lock().take() {
             let _ = h.join();
         }
-        if let Some(s) = self.session.lock().take() {
-            // Dropping it would unmount.
-            std::mem::forget(s);
-        }
-        if let Some(s) = self.pending.lock().take() {
-            std::mem::forget(s);
-        }
-        tracing::info!(mountpoint = %self.cfg.mountpoint.display(), "FUSE session left to the keeper for the next daemon");
-    }
-
-    /// Waits for the INTERRUPT probe (about [`crate::fs::interrupt::HOLD`], at most a few
-    /// seconds) while the session still answers it.
-    fn join_probe(&self) {
-        if let Some(h) = self.probe.lock().take() {
-            let _ = h.join();
+        for m in &self.mounts {
+            m.hand_over();
         }
     }
 
-    /// Stops fills and unmounts the session (lazily if it is still in use); the keeper, if
-    /// any, forgets it.
+    /// Stops fills and unmounts the sessions (lazily if still in use); the keepers, if any,
+    /// forget them. No-op after [`Self::hand_over`].
     pub fn shutdown(&self) {
         if self.handed_over.load(Ordering::Acquire) {
             return;
@@ -1007,19 +1183,8 @@ impl LayerStore {
         for (_, h) in self.fills.lock().drain() {
             h.abort();
         }
-        drop(self.pending.lock().take());
-        self.join_probe();
-        let Some(session) = self.session.lock().take() else {
-            return;
-        };
-        if let Err(e) = session.umount_and_join() {
-            tracing::warn!(error = %e, mountpoint = %self.cfg.mountpoint.display(), "unmount failed; detaching lazily");
-            let _ = nix::mount::umount2(&self.cfg.mountpoint, nix::mount::MntFlags::MNT_DETACH);
-        }
-        if let Some(k) = &self.keeper {
-            if let Err(e) = k.release() {
-                tracing::warn!(error = %e, "the keeper did not forget the unmounted session");
-            }
+        for m in &self.mounts {
+            m.shutdown();
         }
     }
 }

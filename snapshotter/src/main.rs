@@ -28,9 +28,11 @@ enum Cmd {
     /// Hold the daemon's FUSE session across its restarts (started by the daemon when
     /// `fuse.handover` is on, or on its own, e.g. as a DaemonSet of its own).
     Keeper {
-        /// The keeper's socket. Default: `fuse.keeper_socket` of the config.
+        /// The keeper's socket; repeated, one process keeps one session per socket (the
+        /// full and the plain session). Default: `fuse.keeper_socket` of the config, and
+        /// the plain session's socket beside it when `fuse.plain_session` is on.
         #[arg(long)]
-        socket: Option<PathBuf>,
+        socket: Vec<PathBuf>,
         /// Abort the kept session after this many seconds without a daemon. Default:
         /// `fuse.keeper_timeout_secs` of the config.
         #[arg(long)]
@@ -73,29 +75,58 @@ fn exit_on_term_as_pid1() {
     }
 }
 
-/// Runs the keeper (the config gives defaults).
+/// Runs a keeper per socket (the config gives defaults); ends when every one has ended, or
+/// at the first failure.
 fn keeper(
     cfg: &Config,
-    socket: Option<PathBuf>,
+    sockets: Vec<PathBuf>,
     timeout: Option<u64>,
     exit_when_idle: bool,
 ) -> std::process::ExitCode {
     use weenv_snapshotter::handover::keeper;
-    let socket = socket.unwrap_or_else(|| cfg.keeper_socket());
+    let sockets = if sockets.is_empty() {
+        let mut v = vec![cfg.keeper_socket()];
+        if cfg.fuse.plain_session {
+            v.push(cfg.plain_keeper_socket());
+        }
+        v
+    } else {
+        sockets
+    };
     let timeout = std::time::Duration::from_secs(timeout.unwrap_or(cfg.fuse.keeper_timeout_secs));
     exit_on_term_as_pid1();
-    let res = keeper::bind(&socket).and_then(|l| {
+    let fail = |e: &dyn std::fmt::Display| {
+        tracing::error!(error = %e, "keeper failed");
+        eprintln!("weenv-snapshotter keeper: {e}");
+        std::process::ExitCode::FAILURE
+    };
+    let mut listeners = Vec::new();
+    for socket in &sockets {
+        match keeper::bind(socket) {
+            Ok(l) => listeners.push(l),
+            Err(e) => return fail(&e),
+        }
         tracing::info!(socket = %socket.display(), pid = std::process::id(), "FUSE session keeper listening");
-        keeper::run(l, timeout, exit_when_idle)
-    });
-    match res {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(e) => {
-            tracing::error!(error = %e, "keeper failed");
-            eprintln!("weenv-snapshotter keeper: {e}");
-            std::process::ExitCode::FAILURE
+    }
+    let (tx, rx) = std::sync::mpsc::channel();
+    for l in listeners {
+        let tx = tx.clone();
+        let spawned = std::thread::Builder::new()
+            .name("keeper".into())
+            .spawn(move || {
+                let _ = tx.send(keeper::run(l, timeout, exit_when_idle));
+            });
+        if let Err(e) = spawned {
+            return fail(&e);
         }
     }
+    drop(tx);
+    for res in rx {
+        if let Err(e) = res {
+            return fail(&e);
+        }
+    }
+    std::process::ExitCode::SUCCESS
 }
 
 fn main() -> std::process::ExitCode {
@@ -103,10 +134,7 @@ fn main() -> std::process::ExitCode {
     // A keeper told its socket needs no config file (the daemon starts it that way).
     let keeper_alone = matches!(
         &args.cmd,
-        Some(Cmd::Keeper {
-            socket: Some(_),
-            ..
-        })
+        Some(Cmd::Keeper { socket, .. }) if !socket.is_empty()
     ) && !args.config.exists();
     let mut cfg = match Config::load(&args.config) {
         Ok(c) => c,

@@ -193,15 +193,15 @@ impl SnapshotService {
                 continue;
             }
             let res = match r.digest.parse::<Digest>() {
-                Ok(d) => layers.remount(&d).await,
+                Ok(d) => layers.remount(&d).await.map(|m| (m, d)),
                 Err(e) => Err(RemoteError::Toc {
                     digest: r.digest.clone(),
                     message: e.to_string(),
                 }),
             };
             match res {
-                Ok(m) if m.dir == r.dir => ok += 1,
-                Ok(m) => {
+                Ok((m, d)) if m.dir == r.dir || layers.serves_dir(&d, &r.dir) => ok += 1,
+                Ok((m, _)) => {
                     warn!(digest = %r.digest, old = %r.dir.display(), new = %m.dir.display(),
                         "layer directory moved (mountpoint changed?); snapshots keep the old path");
                     failed += 1;

@@ -128,11 +128,28 @@ impl Fixture {
         Self::build(fill, passthrough, dir, cache)
     }
 
+    /// Like [`new`](Self::new) with the plain session too, at `<dir>/mnt-plain`.
+    pub fn with_plain(fill: FillConfig, passthrough: bool) -> Result<Self> {
+        let dir = tempfile::Builder::new().prefix("weenv-fuse").tempdir()?;
+        let (cache, plain) = (dir.path().join("cache"), dir.path().join("mnt-plain"));
+        Self::build_with(fill, passthrough, dir, &cache, Some(plain))
+    }
+
     fn build(
         fill: FillConfig,
         passthrough: bool,
         dir: tempfile::TempDir,
         cache: &Path,
+    ) -> Result<Self> {
+        Self::build_with(fill, passthrough, dir, cache, None)
+    }
+
+    fn build_with(
+        fill: FillConfig,
+        passthrough: bool,
+        dir: tempfile::TempDir,
+        cache: &Path,
+        plain_mountpoint: Option<PathBuf>,
     ) -> Result<Self> {
         require_fuse()?;
         let rt = tokio::runtime::Builder::new_multi_thread()
@@ -142,6 +159,7 @@ impl Fixture {
         let metrics = Arc::new(Metrics::new());
         let cfg = LayerStoreConfig {
             mountpoint: dir.path().join("mnt"),
+            plain_mountpoint,
             cache_dir: cache.to_path_buf(),
             memory_cache_bytes: 64 << 20,
             disk_cache_bytes: 1 << 30,

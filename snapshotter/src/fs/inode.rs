@@ -322,6 +322,13 @@ impl LayerTable {
         self.recs.is_empty()
     }
 
+    /// True if some node has an xattr or is an opaque directory (overlayfs reads the
+    /// `trusted.overlay.opaque` xattr): the layer needs a session that answers GETXATTR (see
+    /// [`crate::fs::SessionKind`]). Whiteouts' xattrs count too, to err on the safe side.
+    pub fn has_xattrs(&self) -> bool {
+        !self.xattrs.is_empty() || self.recs.iter().any(|r| r.flags & OPAQUE != 0)
+    }
+
     /// Node numbers, in order.
     pub fn ids(&self) -> std::ops::Range<u32> {
         0..u32::try_from(self.recs.len()).unwrap_or(u32::MAX)
@@ -522,6 +529,9 @@ struct Builder<'a> {
     children: HashMap<u32, Vec<(&'a str, u32)>>,
     names: HashMap<(u32, &'a str), u32>,
     owners: HashMap<(u32, u32), u32>,
+    /// The name (directory, name) a hardlinked node was made under: its tar header, the
+    /// one its TOC entry points at, carries that path (the other names' headers are links).
+    origin: HashMap<u32, (u32, &'a str)>,
 }
 
 fn too_large(what: &'static str) -> TableError {
@@ -731,6 +741,12 @@ impl<'a> Builder<'a> {
                 let target = e.link.as_deref().and_then(|l| self.resolve(l));
                 match target {
                     Some(t) if self.kind(t) != NodeKind::Dir => {
+                        if self.rec(t).nlink == 1 {
+                            // Its first link: the target path is still its only name.
+                            if let Some((d, n)) = e.link.as_deref().and_then(|l| self.split(l)) {
+                                self.origin.insert(t, (d, n));
+                            }
+                        }
                         self.link_name(dir, name, t, false);
                         self.rec(t).nlink += 1;
                     }
@@ -786,6 +802,17 @@ impl<'a> Builder<'a> {
         Some(cur)
     }
 
+    /// The directory node and last name of `path` (which must exist).
+    fn split(&self, path: &'a str) -> Option<(u32, &'a str)> {
+        let mut comps = path.split('/').filter(|c| !c.is_empty() && *c != ".");
+        let last = comps.next_back()?;
+        let mut cur = 0;
+        for comp in comps {
+            cur = *self.names.get(&(cur, comp))?;
+        }
+        Some((cur, last))
+    }
+
     /// Packs the directory lists into the sorted dirent array and the name arena.
     fn finish(mut self) -> Result<LayerTable, TableError> {
         let mut t = std::mem::take(&mut self.t);
@@ -811,7 +838,10 @@ impl<'a> Builder<'a> {
                     node: *node,
                 });
                 if let Some(r) = t.recs.get_mut(*node as usize) {
-                    if r.parent == dir && r.dirent == NONE {
+                    // A hardlinked file's path is the name it was made under, not the first
+                    // of its names in sorted order (its header check compares the path).
+                    let origin = self.origin.get(node);
+                    if r.parent == dir && (r.dirent == NONE || origin == Some(&(dir, *name))) {
                         r.dirent = at;
                     }
                 }
@@ -916,6 +946,27 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn a_hardlinked_file_keeps_the_path_it_was_made_under() {
+        // Its TOC entry (header check, profiles, native tree) must name the entry that holds
+        // the data, even when a link's name sorts before it or lives in another directory.
+        let mut f = entry("etc/hostname", EntryKind::File);
+        f.size = 6;
+        f.header = 1536;
+        let mut same_dir = entry("etc/hard", EntryKind::Hardlink);
+        same_dir.link = Some("etc/hostname".into());
+        let mut other_dir = entry("a/first", EntryKind::Hardlink);
+        other_dir.link = Some("./etc/hard".into());
+        let t = build(vec![entry("etc", EntryKind::Dir), f, same_dir, other_dir]);
+        let n = t.resolve("etc/hostname").unwrap();
+        assert_eq!(t.resolve("etc/hard"), Some(n));
+        assert_eq!(t.resolve("a/first"), Some(n));
+        assert_eq!(t.node(n).unwrap().nlink(), 3);
+        assert_eq!(t.path_of(n).unwrap(), "etc/hostname");
+        let e = t.toc_entry(n).unwrap();
+        assert_eq!((e.path.as_str(), e.header), ("etc/hostname", 1536));
+    }
+
+    #[test]
     fn whiteouts_and_opaque_dirs() {
         let mut wh = entry("etc/.wh.passwd", EntryKind::File);
         wh.uid = 7;
@@ -932,12 +983,22 @@ pub(crate) mod tests {
             (w.kind(), w.rdev(), w.perm(), w.uid()),
             (NodeKind::Char, (0, 0), 0, 7)
         );
-        assert_eq!(t.toc_entry(wn), Some(wh), "the whiteout's own entry");
+        assert_eq!(
+            t.toc_entry(wn),
+            Some(wh.clone()),
+            "the whiteout's own entry"
+        );
         assert!(t.resolve("etc/.wh.passwd").is_none());
         let lib = t.node(t.resolve("var/lib").unwrap()).unwrap();
         assert_eq!(lib.xattr(OPAQUE_XATTR), Some(&b"y"[..]));
         assert_eq!(lib.xattr_names(), [OPAQUE_XATTR]);
         assert_eq!(names(&t, t.resolve("var/lib").unwrap()), ["x"]);
+        assert!(
+            t.has_xattrs(),
+            "an opaque directory needs the xattr session"
+        );
+        let plain = build(vec![entry("etc", EntryKind::Dir), wh]);
+        assert!(!plain.has_xattrs(), "whiteouts alone need no xattr");
         assert_eq!(
             t.node(t.resolve("var").unwrap())
                 .unwrap()
@@ -972,10 +1033,12 @@ pub(crate) mod tests {
         assert_eq!(dn.children().count(), 1);
         assert_eq!(
             t.toc_entry(dnode),
-            Some(d),
+            Some(d.clone()),
             "xattrs without the opaque marker"
         );
         assert_eq!(t.toc_entry(fnode), Some(s));
+        let only_xattr = build(vec![d]);
+        assert!(only_xattr.has_xattrs(), "an xattr needs the xattr session");
     }
 
     #[test]

@@ -91,6 +91,9 @@ pub struct Layer {
     pub trust: super::trust::LayerTrust,
     /// The layer's native tree exists in the disk cache (see [`super::native`]).
     pub native: AtomicBool,
+    /// No node has an xattr (nor is an opaque directory): the layer may be served by the
+    /// plain session (see [`super::SessionKind::Plain`]).
+    pub plain: bool,
 }
 
 impl Layer {
@@ -112,6 +115,7 @@ impl Layer {
             .sum();
         toc.entries = Vec::new();
         let table_len = table.len();
+        let plain = !table.has_xattrs();
         let touched = (0..table_len).map(|_| AtomicBool::new(false)).collect();
         Ok(Layer {
             digest,
@@ -130,6 +134,7 @@ impl Layer {
             prefetch_claimed: parking_lot::Mutex::new(std::collections::BTreeSet::new()),
             trust: super::trust::LayerTrust::new(table_len),
             native: AtomicBool::new(false),
+            plain,
         })
     }
 

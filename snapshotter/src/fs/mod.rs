@@ -33,21 +33,77 @@ use std::ffi::OsStr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-/// The `fuser::Filesystem` adapter over [`FsState`].
+/// Which of the node's two FUSE sessions a handler serves. Both serve the same layers'
+/// inodes (one [`FsState`], one inode numbering); they differ in what the kernel learns to
+/// stop asking, which is per session (per FUSE connection), not per file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SessionKind {
+    /// Every layer: xattrs are answered, opens hand complete files to the kernel
+    /// (passthrough).
+    Full,
+    /// Only layers without any xattr ([`layer::Layer::plain`]). GETXATTR, LISTXATTR and
+    /// OPEN are answered ENOSYS, so the kernel stops sending them for the whole session:
+    /// xattr reads then fail with EOPNOTSUPP in the kernel, which overlayfs takes as "no
+    /// such xattr", and files open without a round trip, keeping their page cache
+    /// (`FOPEN_KEEP_CACHE`). Measured on a warm python start over lazy layers: overlayfs
+    /// asked ~490 xattrs (`trusted.overlay.metacopy` of every regular file it looks up,
+    /// whatever its `metacopy` option) and python made ~160 OPEN/RELEASE pairs, all gone.
+    /// The price: no passthrough on this session (reads of uncached pages are FUSE reads).
+    Plain,
+}
+
+impl SessionKind {
+    /// True if this session's root lists `layer`.
+    pub fn serves(self, layer: &layer::Layer) -> bool {
+        match self {
+            SessionKind::Full => true,
+            SessionKind::Plain => layer.plain,
+        }
+    }
+}
+
+/// What belongs to one FUSE session (the layers' state is shared: [`FsState`]).
+pub struct SessionState {
+    pub kind: SessionKind,
+    /// The INTERRUPT probe run right after mounting (see [`interrupt`]).
+    pub probe: interrupt::ProbeSlot,
+    /// What the kernel offered in FUSE INIT (kept for a successor, see [`crate::handover`]).
+    pub init: parking_lot::Mutex<Option<crate::handover::InitParams>>,
+}
+
+impl SessionState {
+    pub fn new(kind: SessionKind) -> Arc<Self> {
+        Arc::new(SessionState {
+            kind,
+            probe: Default::default(),
+            init: parking_lot::Mutex::new(None),
+        })
+    }
+}
+
+/// The `fuser::Filesystem` adapter over [`FsState`], for one session.
 pub struct WeenvFs {
     pub st: Arc<FsState>,
+    pub session: Arc<SessionState>,
+}
+
+impl WeenvFs {
+    fn plain(&self) -> bool {
+        self.session.kind == SessionKind::Plain
+    }
 }
 
 /// Walks directory `ino` from entry `offset`, handing each entry and the offset of the next
 /// one to `add` until `add` returns true (reply buffer full) or the directory ends.
 fn walk_dir(
     st: &FsState,
+    kind: SessionKind,
     ino: u64,
     offset: u64,
     mut add: impl FnMut(&ops::DirEntry, u64) -> bool,
 ) -> Result<(), Errno> {
     let mut i = offset;
-    while let Some(e) = st.dir_entry(ino, i)? {
+    while let Some(e) = st.dir_entry(kind, ino, i)? {
         if add(&e, i + 1) {
             break;
         }
@@ -104,12 +160,12 @@ impl WeenvFs {
 impl Filesystem for WeenvFs {
     fn init(&mut self, _req: &Request, cfg: &mut KernelConfig) -> std::io::Result<()> {
         let abi = cfg.kernel_abi();
-        *self.st.init.lock() = Some(crate::handover::InitParams {
+        *self.session.init.lock() = Some(crate::handover::InitParams {
             major: abi.0,
             minor: abi.1,
             flags: cfg.capabilities().bits(),
         });
-        if self.st.passthrough.enabled {
+        if self.st.passthrough.enabled && !self.plain() {
             match cfg.add_capabilities(InitFlags::FUSE_PASSTHROUGH) {
                 Ok(()) => {
                     if let Err(d) = cfg.set_max_stack_depth(1) {
@@ -152,7 +208,7 @@ impl Filesystem for WeenvFs {
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let mut op = self.st.metrics.op(FuseOp::Lookup);
-        if parent.0 == ROOT_INO && name == interrupt::PROBE_NAME && self.st.probe.held() {
+        if parent.0 == ROOT_INO && name == interrupt::PROBE_NAME && self.session.probe.held() {
             // Answered late, so the kernel's INTERRUPT for it finds it pending.
             self.st.rt.spawn(async move {
                 tokio::time::sleep(interrupt::HOLD).await;
@@ -160,7 +216,7 @@ impl Filesystem for WeenvFs {
             });
             return;
         }
-        let res = self.st.lookup_name(parent.0, name);
+        let res = self.st.lookup_name(self.session.kind, parent.0, name);
         tracing::trace!(parent = parent.0, ?name, ok = res.is_ok(), "lookup");
         match res {
             Ok((attr, ttl)) => reply.entry(&ttl, &attr, Generation(0)),
@@ -202,6 +258,10 @@ impl Filesystem for WeenvFs {
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let mut op = self.st.metrics.op(FuseOp::Open);
+        if self.plain() {
+            // Once: the kernel opens every file of the session without asking from now on.
+            return reply.error(Errno::ENOSYS);
+        }
         if flags.0 & libc::O_ACCMODE != libc::O_RDONLY {
             op.fail();
             return reply.error(Errno::EROFS);
@@ -444,7 +504,7 @@ impl Filesystem for WeenvFs {
         mut reply: ReplyDirectory,
     ) {
         let mut op = self.st.metrics.op(FuseOp::Readdir);
-        let walked = walk_dir(&self.st, ino.0, offset, |e, next| {
+        let walked = walk_dir(&self.st, self.session.kind, ino.0, offset, |e, next| {
             reply.add(INodeNo(e.ino), next, e.kind, &e.name)
         });
         match walked {
@@ -465,7 +525,7 @@ impl Filesystem for WeenvFs {
         mut reply: ReplyDirectoryPlus,
     ) {
         let mut op = self.st.metrics.op(FuseOp::Readdirplus);
-        let walked = walk_dir(&self.st, ino.0, offset, |e, next| {
+        let walked = walk_dir(&self.st, self.session.kind, ino.0, offset, |e, next| {
             // An entry whose attributes cannot be read ends the listing early.
             let Ok((attr, ttl)) = self.st.attr(e.ino) else {
                 return true;
@@ -489,6 +549,10 @@ impl Filesystem for WeenvFs {
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
         let mut op = self.st.metrics.op(FuseOp::Getxattr);
+        if self.plain() {
+            // Once: the kernel answers EOPNOTSUPP for the whole session from now on.
+            return reply.error(Errno::ENOSYS);
+        }
         tracing::trace!(ino = ino.0, ?name, "getxattr");
         match self.st.getxattr(ino.0, name) {
             Ok(v) => {
@@ -507,6 +571,9 @@ impl Filesystem for WeenvFs {
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
         let mut op = self.st.metrics.op(FuseOp::Listxattr);
+        if self.plain() {
+            return reply.error(Errno::ENOSYS);
+        }
         match self.st.listxattr(ino.0) {
             Ok(v) => {
                 if !xattr_reply(reply, size, &v) {

@@ -4,6 +4,7 @@
 use super::inode::{makedev, Node, NodeKind};
 use super::layer::{decode_ino, encode_ino, Layer, ROOT_INO};
 use super::passthrough::Passthrough;
+use super::SessionKind;
 use crate::fetch::{FetchError, FillConfig, FrameStore, Priority};
 use crate::metrics::Metrics;
 use bytes::Bytes;
@@ -39,10 +40,6 @@ pub struct FsState {
     /// Attr timeout of the mount root (its listing changes as layers come and go).
     pub root_ttl: Duration,
     pub mounted_at: SystemTime,
-    /// The INTERRUPT probe run right after mounting (see [`super::interrupt`]).
-    pub probe: super::interrupt::ProbeSlot,
-    /// What the kernel offered in FUSE INIT (kept for a successor, see [`crate::handover`]).
-    pub init: parking_lot::Mutex<Option<crate::handover::InitParams>>,
 }
 
 /// What a read needs: the layer, the clipped chunks and the distinct frames.
@@ -213,8 +210,14 @@ impl FsState {
         Ok((node_attr(ino, &n), self.ttl))
     }
 
-    /// Looks `name` up in directory `parent`.
-    pub fn lookup_name(&self, parent: u64, name: &OsStr) -> Result<(FileAttr, Duration), Errno> {
+    /// Looks `name` up in directory `parent`, as session `kind` shows it (its mount root
+    /// lists the layers it serves).
+    pub fn lookup_name(
+        &self,
+        kind: SessionKind,
+        parent: u64,
+        name: &OsStr,
+    ) -> Result<(FileAttr, Duration), Errno> {
         let name = std::str::from_utf8(name.as_bytes()).map_err(|_| Errno::ENOENT)?;
         if parent == ROOT_INO {
             let d: Digest = format!("sha256:{name}")
@@ -222,6 +225,9 @@ impl FsState {
                 .map_err(|_| Errno::ENOENT)?;
             let slot = *self.layers.read().slot_of.get(&d).ok_or(Errno::ENOENT)?;
             let l = self.layer(slot)?;
+            if !kind.serves(&l) {
+                return Err(Errno::ENOENT);
+            }
             return self.attr(l.root_ino());
         }
         let (l, dir) = self.resolve(parent)?;
@@ -233,8 +239,14 @@ impl FsState {
         self.attr(encode_ino(l.slot, child))
     }
 
-    /// Entry number `index` of directory `ino` (`.` and `..` first), or None past the end.
-    pub fn dir_entry(&self, ino: u64, index: u64) -> Result<Option<DirEntry>, Errno> {
+    /// Entry number `index` of directory `ino` (`.` and `..` first) as session `kind` shows
+    /// it, or None past the end.
+    pub fn dir_entry(
+        &self,
+        kind: SessionKind,
+        ino: u64,
+        index: u64,
+    ) -> Result<Option<DirEntry>, Errno> {
         let dot = |ino, name: &str| {
             Some(DirEntry {
                 ino,
@@ -251,6 +263,7 @@ impl FsState {
                     g.by_slot
                         .iter()
                         .flatten()
+                        .filter(|l| kind.serves(l))
                         .nth((i - 2) as usize)
                         .map(|l| DirEntry {
                             ino: l.root_ino(),

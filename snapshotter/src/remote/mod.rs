@@ -115,4 +115,9 @@ pub trait LayerProvider: Send + Sync + 'static {
     }
     /// Called once the live snapshots pinned their trees again after a restart.
     fn native_restored(&self) {}
+    /// True if `dir` still serves layer `digest`, though [`LayerProvider::remount`] names
+    /// another directory (a snapshot made before the layer moved to the plain FUSE session).
+    fn serves_dir(&self, _digest: &Digest, _dir: &std::path::Path) -> bool {
+        false
+    }
 }

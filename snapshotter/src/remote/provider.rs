@@ -534,6 +534,10 @@ impl LayerProvider for WeenvLayers {
         self.inner.layers.native_restored();
     }
 
+    fn serves_dir(&self, d: &Digest, dir: &std::path::Path) -> bool {
+        self.inner.layers.serves_dir(d, dir)
+    }
+
     fn quarantined(&self, d: &Digest) -> Option<String> {
         let me = &self.inner;
         if let Some(r) = me.layers.quarantine_reason(d) {
