@@ -9,6 +9,9 @@
 #     with the daemon's defaults (fill work at SCHED_IDLE, paused while FUSE reads come) and
 #     with yielding off on the CPU (`cpu_priority = "normal"`, `busy_ms = 0`).
 #     Page cache is not dropped between the runs (the second task of a rollout on a node).
+#     A third case, `full`, runs the defaults with `fuse.plain_session = false` (every layer on
+#     the full FUSE session: overlayfs asks it for xattrs and every file open is a request): the
+#     same-run baseline of the plain session.
 # (b) profile for a bigger command: the image gets a start-up profile recorded for $BIG
 #     (python reading every file under /usr: a prefetch of most of the image); pull + $CMD cold
 #     on the image with that profile vs without a profile (fill on). Ratio = without / with
@@ -79,9 +82,10 @@ log "profile of the bigger command: $(wc -l <"$W/big.profile") files; $(tail -1 
 declare -A R
 for i in $(seq "$RUNS"); do
     # (a) warm right after cold vs warm after the fill, yielding on (defaults) and off
-    for k in yield noyield; do
+    for k in yield noyield full; do
         [[ $PARTS == *a* ]] || break
         if [ $k = noyield ]; then export SNAP_FILL_EXTRA=$'cpu_priority = "normal"\nbusy_ms = 0'; else unset SNAP_FILL_EXTRA; fi
+        if [ $k = full ]; then export SNAP_EXTRA=$'[fuse]\nplain_session = false'; else unset SNAP_EXTRA; fi
         d="$W/a-$k-$i"; start_stack "$d" true
         t0=$(now); pull "$d" "$REG/bench:weenv"; run "$d" "$REG/bench:weenv" "c1-$$" "$CMD"; R[${k}_cold]+="$(since "$t0") "
         t0=$(now); run "$d" "$REG/bench:weenv" "c2-$$" "$CMD"; R[${k}_early]+="$(since "$t0") "
@@ -89,7 +93,7 @@ for i in $(seq "$RUNS"); do
         t0=$(now); run "$d" "$REG/bench:weenv" "c3-$$" "$CMD"; R[${k}_late]+="$(since "$t0") "
         stop_stack "$d"
     done
-    unset SNAP_FILL_EXTRA
+    unset SNAP_FILL_EXTRA SNAP_EXTRA
     # (b) the command on the image without / with the bigger command's profile
     order="plain big"; [ $((i % 2)) = 0 ] && order="big plain"
     for k in $order; do
@@ -113,9 +117,14 @@ m() { echo "${R[$1]}" | tr ' ' '\n' | grep -v '^$' | median; }
 ratio() { echo "scale=2; $1 / $2" | bc; }
 printf '\n%s\n' "median of $RUNS, $RATE +${LATENCY_MS} ms, CMD: python3 -c '$CMD'"
 [[ $PARTS == *a* ]] && printf '%-48s %8s %8s %8s %8s\n' "(a) warm right after cold (s)" cold early filled ratio
-for k in yield noyield; do
+for k in yield noyield full; do
     [[ $PARTS == *a* ]] || break
-    printf '%-48s %8s %8s %8s %8s\n' "  $k $([ $k = yield ] && echo '(defaults)' || echo '(cpu_priority=normal, busy_ms=0)')" \
+    case $k in
+        yield) what='(defaults)' ;;
+        noyield) what='(cpu_priority=normal, busy_ms=0)' ;;
+        full) what='(defaults, plain_session=false)' ;;
+    esac
+    printf '%-48s %8s %8s %8s %8s\n' "  $k $what" \
         "$(m ${k}_cold)" "$(m ${k}_early)" "$(m ${k}_late)" "$(ratio "$(m ${k}_late)" "$(m ${k}_early)")"
 done
 [[ $PARTS == *a* ]] && echo "  (ratio = warm after fill / warm right after cold; 1.00 = the running fill costs nothing)"
