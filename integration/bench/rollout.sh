@@ -20,6 +20,8 @@
 #   plans-fixed    plans through the weenv shim (--runtime io.containerd.weenv.v1) with a fixed
 #                  quota of $SHIM_CPUS cores and $SHIM_MEM bytes (io.weenv.elastic=false)
 #   plans-elastic  the same request, elastic (the shim scales CPU and memory)
+# CPU_SAMPLE=1: CPU seconds used on the host during each iteration, by process name
+# (cpu_sample.py: the tasks' python, the daemon, containerd, ...), in cpu.tsv and the log.
 # Per environment (envs.tsv): init latency (request -> the agent's AGENT_START), task time
 # (AGENT_START -> exit), reward vs the task's expected reward (a mismatch makes the script
 # exit 1), and for the weenv modes the registry and read bytes of its layers (daemon /status
@@ -158,6 +160,7 @@ registry_total() { python3 -c 'import json,sys; print(json.load(open(sys.argv[1]
 
 printf 'mode\titer\tenv\ttask\tharness\tinit_s\ttask_s\treward\texpected\tfetched_bytes\tfill_bytes\tread_bytes\n' >"$OUT/envs.tsv"
 printf 'mode\titer\twall_s\tlink_bytes\tregistry_bytes\n' >"$OUT/iterations.tsv"
+[ "${CPU_SAMPLE:-0}" = 1 ] && printf 'mode\titer\tprocess\tcpu_s\n' >"$OUT/cpu.tsv"
 fail=0
 for mode in $MODES; do
     [ "$mode" = plans-profile ] && [ ! -d "$W/plans-prof" ] && record_profiles
@@ -168,6 +171,9 @@ for mode in $MODES; do
             "$BIN/weenv" --config "$d/snap.toml" profile --reset >/dev/null 2>&1 || true
             status_json "$d" >"$d/status-$it-before.json"
         fi
+        if [ "${CPU_SAMPLE:-0}" = 1 ]; then
+            rm -f "$d/cpu-stop"; python3 "$BENCH_DIR/cpu_sample.py" "$d/cpu-stop" >"$d/cpu-$it.tsv" & CPU_PID=$!
+        fi
         b0=$(rx); t0=$(now); k=0; EP=()
         while read -r t h exp; do
             k=$((k + 1))
@@ -177,6 +183,11 @@ for mode in $MODES; do
         done <"$d/pairs-$it"
         wait "${EP[@]}"   # not a bare wait: the daemon, containerd and registry are children too
         t1=$(now); b1=$(rx)
+        if [ "${CPU_SAMPLE:-0}" = 1 ]; then
+            touch "$d/cpu-stop"; wait "$CPU_PID" || true
+            awk -v m="$mode" -v i="$it" -F'\t' '{printf "%s\t%s\t%s\t%s\n", m, i, $1, $2}' "$d/cpu-$it.tsv" >>"$OUT/cpu.tsv"
+            log "$mode iteration $it CPU s: $(head -4 "$d/cpu-$it.tsv" | tr '\t\n' '= ')"
+        fi
         wall=$(echo "$t1 - $t0" | bc); reg_bytes=NA
         if weenv_mode "$mode"; then
             status_json "$d" >"$d/status-$it-after.json"

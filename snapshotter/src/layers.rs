@@ -263,8 +263,10 @@ impl FuseMount {
 pub struct LayerStore {
     cfg: LayerStoreConfig,
     st: Arc<FsState>,
-    /// The full session first, then the plain one (if mounted).
-    mounts: Vec<FuseMount>,
+    /// The session of every layer.
+    full: FuseMount,
+    /// The session of the layers without xattrs, if mounted.
+    plain: Option<FuseMount>,
     /// The sessions were left to their keepers: never unmount them.
     handed_over: AtomicBool,
     /// The thread sending live opens (full session: the only one with opens) to the keeper.
@@ -633,7 +635,7 @@ impl LayerStore {
             .keeper
             .as_ref()
             .and_then(|k| start_open_log(&st, k.clone()));
-        let mut mounts = vec![full];
+        let mut plain = None;
         if let Some(mp) = plain_at {
             match open_mount(
                 &st,
@@ -643,7 +645,7 @@ impl LayerStore {
                 plain_keeper,
                 plain_takeover,
             ) {
-                Ok(m) => mounts.push(m),
+                Ok(m) => plain = Some(m),
                 Err(e) => {
                     tracing::warn!(error = %e, "the plain FUSE session could not be mounted: every layer is served by the full session")
                 }
@@ -651,7 +653,8 @@ impl LayerStore {
         }
         Ok(Arc::new(LayerStore {
             st,
-            mounts,
+            full,
+            plain,
             handed_over: AtomicBool::new(false),
             open_log: Mutex::new(open_log),
             fills: Mutex::new(HashMap::new()),
@@ -668,12 +671,10 @@ impl LayerStore {
     /// The directory of layer `digest` (whether or not it is mounted): on the plain session
     /// when there is one and the layer has no xattrs, else on the full session.
     pub fn layer_path(&self, digest: &Digest) -> PathBuf {
-        let plain = self.layer(digest).is_some_and(|l| l.plain);
-        let mount = self
-            .mounts
-            .iter()
-            .find(|m| m.kind() == SessionKind::Plain && plain)
-            .unwrap_or(&self.mounts[0]);
+        let mount = match &self.plain {
+            Some(p) if self.layer(digest).is_some_and(|l| l.plain) => p,
+            _ => &self.full,
+        };
         mount.mountpoint.join(digest.hex())
     }
 
@@ -683,8 +684,7 @@ impl LayerStore {
         let Some(l) = self.layer(digest) else {
             return false;
         };
-        self.mounts
-            .iter()
+        self.mounts()
             .any(|m| m.kind().serves(&l) && m.mountpoint.join(digest.hex()) == dir)
     }
 
@@ -711,7 +711,7 @@ impl LayerStore {
         claim: Option<Digest>,
         reload: Option<TocReload>,
     ) -> Result<PathBuf, LayerError> {
-        if !self.mounts[0].live() {
+        if !self.full.live() {
             return Err(LayerError::ShutDown);
         }
         if self.has_layer(digest) {
@@ -741,7 +741,7 @@ impl LayerStore {
                 }
             }
         };
-        for k in self.mounts.iter().filter_map(|m| m.keeper.as_ref()) {
+        for k in self.mounts().filter_map(|m| m.keeper.as_ref()) {
             if !new {
                 break;
             }
@@ -1018,7 +1018,7 @@ impl LayerStore {
     /// listings for the whole session (see `WeenvFs::opendir`), so the root inode's cached
     /// listing and attributes are dropped.
     fn root_changed(&self) {
-        for m in &self.mounts {
+        for m in self.mounts() {
             m.root_changed();
         }
     }
@@ -1048,7 +1048,7 @@ impl LayerStore {
         if let Some(h) = self.fills.lock().remove(digest) {
             h.abort();
         }
-        for n in self.mounts.iter().filter_map(|m| m.notifier.as_ref()) {
+        for n in self.mounts().filter_map(|m| m.notifier.as_ref()) {
             let _ = n.inval_entry(INodeNo(ROOT_INO), OsStr::new(digest.hex()));
         }
         self.root_changed();
@@ -1131,10 +1131,12 @@ impl LayerStore {
 
     /// The mountpoint of the plain session, if one is mounted.
     pub fn plain_mountpoint(&self) -> Option<&Path> {
-        self.mounts
-            .iter()
-            .find(|m| m.kind() == SessionKind::Plain)
-            .map(|m| m.mountpoint.as_path())
+        self.plain.as_ref().map(|m| m.mountpoint.as_path())
+    }
+
+    /// The sessions: the full one, then the plain one if mounted.
+    fn mounts(&self) -> impl Iterator<Item = &FuseMount> {
+        std::iter::once(&self.full).chain(self.plain.as_ref())
     }
 
     /// Starts serving taken-over sessions (after the layers were added again): the FUSE
@@ -1142,7 +1144,7 @@ impl LayerStore {
     /// but never answered. No-op for a session this store mounted.
     pub fn serve(&self) -> Result<(), LayerError> {
         let layers = self.all_layers().len();
-        for m in &self.mounts {
+        for m in self.mounts() {
             m.serve(layers)?;
         }
         Ok(())
@@ -1151,7 +1153,7 @@ impl LayerStore {
     /// True if a keeper holds the full session (the plain one is mounted only with a keeper
     /// of its own when the full one has one).
     pub fn can_hand_over(&self) -> bool {
-        self.mounts[0].keeper.is_some()
+        self.full.keeper.is_some()
     }
 
     /// Leaves the sessions to the keepers for the next daemon (planned restart or upgrade):
@@ -1169,7 +1171,7 @@ impl LayerStore {
         if let Some(h) = self.open_log.lock().take() {
             let _ = h.join();
         }
-        for m in &self.mounts {
+        for m in self.mounts() {
             m.hand_over();
         }
     }
@@ -1183,7 +1185,7 @@ impl LayerStore {
         for (_, h) in self.fills.lock().drain() {
             h.abort();
         }
-        for m in &self.mounts {
+        for m in self.mounts() {
             m.shutdown();
         }
     }
