@@ -164,10 +164,16 @@ async fn read_on(io: &Path, more: u64) -> Result<()> {
 
 /// Time until a new container on the weenv snapshotter printed `sha256sum` of `big` (the
 /// file held open across the restart; retried for 10 s); fails on other bytes.
-fn new_container(ctd: &Containerd, image: &str, id: &str, big: (&str, &str)) -> Result<Duration> {
+fn new_container(
+    ctd: &Containerd,
+    ns: &str,
+    image: &str,
+    id: &str,
+    big: (&str, &str),
+) -> Result<Duration> {
     let t = Instant::now();
     loop {
-        match ctr_run(ctd, "restart", "weenv", image, id, &["sha256sum", big.1]) {
+        match ctr_run(ctd, ns, "weenv", image, id, &["sha256sum", big.1]) {
             Ok(out) => {
                 ensure!(
                     out.starts_with(big.0),
@@ -221,6 +227,13 @@ async fn running_container_on_the_plain_session_reads_through_kill_and_restart()
 }
 
 async fn restart_scenario(plain: bool) -> Result<()> {
+    // Namespaces of their own: runc keeps container state per host and namespace, and the
+    // two scenarios may run at once (same container ids).
+    let (truth, ns) = if plain {
+        ("truth-plain", "restart-plain")
+    } else {
+        ("truth", "restart")
+    };
     let pi = PythonImage::start().await?;
     let root = pi.tmp.path().join("snap");
     let _keeper = KeeperGuard(root.join("state/fuse-keeper.sock"));
@@ -237,11 +250,11 @@ async fn restart_scenario(plain: bool) -> Result<()> {
     })?;
 
     // The source: the gzip image unpacked by the stock snapshotter.
-    let o = ctd.ctr_ns("truth", &["images", "pull", "--plain-http", &pi.gz])?;
+    let o = ctd.ctr_ns(truth, &["images", "pull", "--plain-http", &pi.gz])?;
     ensure!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let manifest = ctr_run(
         &ctd,
-        "truth",
+        truth,
         "overlayfs",
         &pi.gz,
         "manifest",
@@ -251,7 +264,7 @@ async fn restart_scenario(plain: bool) -> Result<()> {
     ensure!(files > 1000, "only {files} files in the manifest");
     let big_line = ctr_run(
         &ctd,
-        "truth",
+        truth,
         "overlayfs",
         &pi.gz,
         "big",
@@ -263,11 +276,11 @@ async fn restart_scenario(plain: bool) -> Result<()> {
     std::fs::create_dir_all(&io)?;
     std::fs::write(io.join("manifest"), &manifest)?;
     std::fs::write(io.join("reader.py"), READER)?;
-    let rep = daemon.pull(ctd.address(), "restart", &pi.direct)?;
+    let rep = daemon.pull(ctd.address(), ns, &pi.direct)?;
     ensure!(rep.contains("lazy"), "{rep}");
     let mount = format!("type=bind,src={},dst=/io,options=rbind:rw", io.display());
     let o = ctd.ctr_ns(
-        "restart",
+        ns,
         &[
             "run",
             "-d",
@@ -286,7 +299,7 @@ async fn restart_scenario(plain: bool) -> Result<()> {
     let t0 = Instant::now();
     let mut holder = ctd
         .ctr_command(
-            "restart",
+            ns,
             &[
                 "task",
                 "exec",
@@ -333,13 +346,15 @@ async fn restart_scenario(plain: bool) -> Result<()> {
     let t_kill = t0.elapsed().as_secs_f64();
     let crash = daemon.kill_and_restart()?;
     let big = (big_sum, big_path);
-    let new1 = new_container(&ctd, &pi.direct, "after-kill", big).with_context(|| daemon.log())?;
+    let new1 =
+        new_container(&ctd, ns, &pi.direct, "after-kill", big).with_context(|| daemon.log())?;
     read_on(&io, 2000).await.with_context(|| daemon.log())?;
 
     // 2. Planned restart (an upgrade in place): SIGTERM, then the new daemon.
     let t_term = t0.elapsed().as_secs_f64();
     let term = daemon.term_and_restart()?;
-    let new2 = new_container(&ctd, &pi.direct, "after-term", big).with_context(|| daemon.log())?;
+    let new2 =
+        new_container(&ctd, ns, &pi.direct, "after-term", big).with_context(|| daemon.log())?;
     read_on(&io, 2000).await.with_context(|| daemon.log())?;
 
     std::fs::write(io.join("stop"), b"")?;
@@ -403,11 +418,11 @@ async fn restart_scenario(plain: bool) -> Result<()> {
         "both restarts should take the {sessions} session(s) over:\n{log}"
     );
 
-    let _ = ctd.ctr_ns("restart", &["task", "kill", "-s", "KILL", "reader"]);
+    let _ = ctd.ctr_ns(ns, &["task", "kill", "-s", "KILL", "reader"]);
     let _ = holder.wait();
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let _ = ctd.ctr_ns("restart", &["task", "rm", "-f", "reader"]);
-    let _ = ctd.ctr_ns("restart", &["container", "rm", "reader"]);
+    let _ = ctd.ctr_ns(ns, &["task", "rm", "-f", "reader"]);
+    let _ = ctd.ctr_ns(ns, &["container", "rm", "reader"]);
     drop(ctd);
     daemon.stop();
     Ok(())
