@@ -20,9 +20,9 @@ use containerd_client::services::v1::snapshots::{
     CommitSnapshotRequest, PrepareSnapshotRequest, RemoveSnapshotRequest, StatSnapshotRequest,
 };
 use containerd_client::services::v1::{
-    ApplyRequest, CreateImageRequest, CreateRequest as LeaseCreate, DeleteRequest as LeaseDelete,
-    Image, Info as ContentInfo, InfoRequest, UpdateImageRequest, UpdateRequest, WriteAction,
-    WriteContentRequest,
+    AddResourceRequest, ApplyRequest, CreateImageRequest, CreateRequest as LeaseCreate,
+    DeleteRequest as LeaseDelete, Image, Info as ContentInfo, InfoRequest,
+    Resource as LeaseResource, UpdateImageRequest, UpdateRequest, WriteAction, WriteContentRequest,
 };
 use containerd_client::types::Descriptor as CDescriptor;
 use std::collections::{BTreeMap, HashMap};
@@ -148,14 +148,14 @@ pub struct PullReport {
 
 /// containerd clients bound to one namespace and lease (shared with [`crate::run`]).
 #[derive(Clone)]
-pub(crate) struct Ctd {
+pub struct Ctd {
     pub(crate) ch: Channel,
     pub(crate) ns: String,
     pub(crate) lease: Option<String>,
 }
 
 impl Ctd {
-    pub(crate) fn new(ch: Channel, ns: &str) -> Ctd {
+    pub fn new(ch: Channel, ns: &str) -> Ctd {
         Ctd {
             ch,
             ns: ns.to_string(),
@@ -165,7 +165,7 @@ impl Ctd {
 
     /// Create lease `id` (expiring after an hour, in case this process dies before
     /// [`Ctd::end_lease`]); the calls that follow carry it.
-    pub(crate) async fn begin_lease(&mut self, id: String) -> Result<(), PullError> {
+    pub async fn begin_lease(&mut self, id: String) -> Result<(), PullError> {
         let expire = chrono::Utc::now() + chrono::Duration::hours(1);
         LeasesClient::new(self.ch.clone())
             .create(self.req(LeaseCreate {
@@ -179,7 +179,7 @@ impl Ctd {
     }
 
     /// Delete the lease (what it protected must be referenced otherwise by now).
-    pub(crate) async fn end_lease(&mut self) -> Result<(), PullError> {
+    pub async fn end_lease(&mut self) -> Result<(), PullError> {
         let Some(id) = self.lease.take() else {
             return Ok(());
         };
@@ -238,7 +238,8 @@ impl Ctd {
         r
     }
 
-    async fn content_exists(&self, d: &str) -> Result<bool, PullError> {
+    /// True if content `d` is in the namespace's content store.
+    pub async fn content_exists(&self, d: &str) -> Result<bool, PullError> {
         let r = ContentClient::new(self.ch.clone())
             .info(self.req(InfoRequest {
                 digest: d.to_string(),
@@ -253,14 +254,26 @@ impl Ctd {
 
     /// Write `data` (digest `d`) into the content store with `labels` (set on the commit; on
     /// content already present, by an update).
-    pub(crate) async fn write_content(
+    pub async fn write_content(
         &self,
         d: &str,
         data: Bytes,
         labels: BTreeMap<String, String>,
     ) -> Result<(), PullError> {
         if self.content_exists(d).await? {
-            return self.set_labels(d, labels).await;
+            // Present, but perhaps held only by another client's lease or by an image being
+            // removed: our lease takes a reference first, so the collector keeps the blob while
+            // we label it and build on it. Collected in between (NotFound): written again.
+            self.lease_content(d).await?;
+            match self.set_labels(d, labels.clone()).await {
+                Err(PullError::Containerd { status, .. }) if status.code() == Code::NotFound => {
+                    tracing::debug!(
+                        digest = d,
+                        "content collected while being labelled; writing it again"
+                    );
+                }
+                res => return res,
+            }
         }
         const CHUNK: usize = 1 << 20;
         let total = data.len() as i64;
@@ -294,7 +307,10 @@ impl Ctd {
             .await;
         let mut stream = match r {
             Ok(s) => s.into_inner(),
-            Err(s) if s.code() == Code::AlreadyExists => return self.set_labels(d, labels).await,
+            Err(s) if s.code() == Code::AlreadyExists => {
+                self.lease_content(d).await?;
+                return self.set_labels(d, labels).await;
+            }
             Err(s) => return Err(ctd("content write")(s)),
         };
         loop {
@@ -302,11 +318,30 @@ impl Ctd {
                 Ok(Some(_)) => {}
                 Ok(None) => return Ok(()),
                 Err(s) if s.code() == Code::AlreadyExists => {
-                    return self.set_labels(d, labels).await
+                    self.lease_content(d).await?;
+                    return self.set_labels(d, labels).await;
                 }
                 Err(s) => return Err(ctd("content write")(s)),
             }
         }
+    }
+
+    /// Adds content `d` to this client's lease (no-op without a lease).
+    async fn lease_content(&self, d: &str) -> Result<(), PullError> {
+        let Some(id) = self.lease.clone() else {
+            return Ok(());
+        };
+        LeasesClient::new(self.ch.clone())
+            .add_resource(self.req(AddResourceRequest {
+                id,
+                resource: Some(LeaseResource {
+                    id: d.to_string(),
+                    r#type: "content".to_string(),
+                }),
+            }))
+            .await
+            .map_err(ctd("lease add resource"))?;
+        Ok(())
     }
 
     async fn set_labels(&self, d: &str, labels: BTreeMap<String, String>) -> Result<(), PullError> {

@@ -1,0 +1,59 @@
+//! Content another client wrote is kept while `weenv` builds on it: `Ctd::write_content` of a
+//! blob already in the store takes a reference in the caller's lease before labelling it, so
+//! containerd's garbage collector cannot take the blob away when the writer's lease ends (seen in
+//! the rollout benchmark: concurrent `weenv run`s composing the same image failed with
+//! `content update: ... not found`).
+
+use anyhow::{ensure, Result};
+use bytes::Bytes;
+use std::collections::BTreeMap;
+use weenv_cli::pull::Ctd;
+use weenv_integration::containerd::{Containerd, ContainerdOptions};
+use weenv_integration::util::require_root_and_bins;
+
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs root and containerd"]
+async fn content_written_by_another_lease_survives_its_collection() -> Result<()> {
+    require_root_and_bins(&["containerd", "ctr"])?;
+    let ctd = Containerd::start(ContainerdOptions::default())?;
+    let ch = containerd_client::connect(ctd.address()).await?;
+    let ns = "lease-test";
+    let data = Bytes::from_static(b"a config blob two environments share\n");
+    let digest = format!("sha256:{}", sha256_hex(&data));
+
+    // The first client writes the blob under its lease.
+    let mut first = Ctd::new(ch.clone(), ns);
+    first.begin_lease("first".into()).await?;
+    first
+        .write_content(&digest, data.clone(), BTreeMap::new())
+        .await?;
+    // The second finds it present and labels it, under its own lease.
+    let mut second = Ctd::new(ch.clone(), ns);
+    second.begin_lease("second".into()).await?;
+    let labels = BTreeMap::from([("weenv.test/by".to_string(), "second".to_string())]);
+    second.write_content(&digest, data.clone(), labels).await?;
+
+    // The first lease ends, and the collector runs at once (`--sync`).
+    let o = ctd.ctr_ns(ns, &["leases", "delete", "--sync", "first"])?;
+    ensure!(
+        o.status.success(),
+        "ctr leases delete: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    ensure!(
+        second.content_exists(&digest).await?,
+        "the blob the second client labelled was collected with the first client's lease"
+    );
+    second.end_lease().await?;
+    let o = ctd.ctr_ns(ns, &["leases", "ls"])?;
+    ensure!(
+        !String::from_utf8_lossy(&o.stdout).contains("second"),
+        "the second lease should be gone"
+    );
+    Ok(())
+}
+
+fn sha256_hex(b: &[u8]) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(b))
+}
