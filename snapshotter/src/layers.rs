@@ -455,7 +455,7 @@ fn open_mount(
         error: source,
     };
     if let Some((fd, meta)) = takeover {
-        *state.init.lock() = Some(meta.init);
+        state.set_init(meta.init);
         let session = resume::resume_session(fs, fd, &meta.init, fc).map_err(mount_err)?;
         tracing::info!(
             mountpoint = %mountpoint.display(),

@@ -69,6 +69,9 @@ pub struct SessionState {
     pub probe: interrupt::ProbeSlot,
     /// What the kernel offered in FUSE INIT (kept for a successor, see [`crate::handover`]).
     pub init: parking_lot::Mutex<Option<crate::handover::InitParams>>,
+    /// The kernel opens files without a request once OPEN is answered ENOSYS
+    /// (`FUSE_NO_OPEN_SUPPORT`, Linux 4.19+); before that an ENOSYS fails the open(2).
+    pub zero_open: std::sync::atomic::AtomicBool,
 }
 
 impl SessionState {
@@ -77,7 +80,15 @@ impl SessionState {
             kind,
             probe: Default::default(),
             init: parking_lot::Mutex::new(None),
+            zero_open: Default::default(),
         })
+    }
+
+    /// Records what the kernel offered in INIT (`flags`: its capability bits).
+    pub fn set_init(&self, init: crate::handover::InitParams) {
+        let zero_open = init.flags & InitFlags::FUSE_NO_OPEN_SUPPORT.bits() != 0;
+        self.zero_open.store(zero_open, Ordering::Relaxed);
+        *self.init.lock() = Some(init);
     }
 }
 
@@ -160,7 +171,7 @@ impl WeenvFs {
 impl Filesystem for WeenvFs {
     fn init(&mut self, _req: &Request, cfg: &mut KernelConfig) -> std::io::Result<()> {
         let abi = cfg.kernel_abi();
-        *self.session.init.lock() = Some(crate::handover::InitParams {
+        self.session.set_init(crate::handover::InitParams {
             major: abi.0,
             minor: abi.1,
             flags: cfg.capabilities().bits(),
@@ -259,8 +270,12 @@ impl Filesystem for WeenvFs {
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let mut op = self.st.metrics.op(FuseOp::Open);
         if self.plain() {
-            // Once: the kernel opens every file of the session without asking from now on.
-            return reply.error(Errno::ENOSYS);
+            if self.session.zero_open.load(Ordering::Relaxed) {
+                // Once: the kernel opens every file of the session without asking from now on.
+                return reply.error(Errno::ENOSYS);
+            }
+            // An older kernel: a plain open, page cache kept (no passthrough on this session).
+            return reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE);
         }
         if flags.0 & libc::O_ACCMODE != libc::O_RDONLY {
             op.fail();
@@ -596,5 +611,48 @@ impl Filesystem for WeenvFs {
             op.fail();
             reply.error(Errno::ENOENT);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn zero_message_opens_follow_the_kernels_offer() {
+        let init = |flags| crate::handover::InitParams {
+            major: 7,
+            minor: 41,
+            flags,
+        };
+        let s = SessionState::new(SessionKind::Plain);
+        s.set_init(init(InitFlags::FUSE_NO_OPEN_SUPPORT.bits() | 1));
+        assert!(s.zero_open.load(Ordering::Relaxed));
+        assert_eq!(s.init.lock().map(|i| i.minor), Some(41));
+        // A kernel without it (before 4.19): an ENOSYS would fail every open(2).
+        s.set_init(init(InitFlags::FUSE_PASSTHROUGH.bits()));
+        assert!(!s.zero_open.load(Ordering::Relaxed));
+    }
+
+    #[test]
+    fn the_plain_session_serves_only_layers_without_xattrs() {
+        use weenv_format::toc::{Entry, Toc};
+        use weenv_format::EntryKind;
+        let layer = |entries: Vec<Entry>| {
+            let toc = Toc {
+                entries,
+                ..Toc::new()
+            };
+            let src: Arc<dyn crate::fetch::RangeSource> =
+                crate::fetch::testutil::MemSource::new(Vec::new());
+            let digest = format!("sha256:{}", "0".repeat(64)).parse().unwrap();
+            layer::Layer::new(digest, 0, toc, src).unwrap()
+        };
+        let mut dir = inode::tests::entry("d", EntryKind::Dir);
+        let plain = layer(vec![dir.clone()]);
+        dir.xattrs.insert("security.capability".into(), vec![1]);
+        let rich = layer(vec![dir]);
+        assert!(SessionKind::Plain.serves(&plain) && SessionKind::Full.serves(&plain));
+        assert!(!SessionKind::Plain.serves(&rich) && SessionKind::Full.serves(&rich));
     }
 }
