@@ -328,15 +328,27 @@ impl Ctd {
 
     /// Adds content `d` to this client's lease (no-op without a lease).
     async fn lease_content(&self, d: &str) -> Result<(), PullError> {
-        let Some(id) = self.lease.clone() else {
+        self.lease_resource(d, "content".to_string()).await
+    }
+
+    /// Adds snapshot `key` of `snapshotter` to this client's lease (no-op without a lease),
+    /// whether or not it exists yet: a snapshot another client committed is then kept while
+    /// this one builds on it.
+    pub async fn lease_snapshot(&self, snapshotter: &str, key: &str) -> Result<(), PullError> {
+        self.lease_resource(key, format!("snapshots/{snapshotter}"))
+            .await
+    }
+
+    async fn lease_resource(&self, id: &str, kind: String) -> Result<(), PullError> {
+        let Some(lease) = self.lease.clone() else {
             return Ok(());
         };
         LeasesClient::new(self.ch.clone())
             .add_resource(self.req(AddResourceRequest {
-                id,
+                id: lease,
                 resource: Some(LeaseResource {
-                    id: d.to_string(),
-                    r#type: "content".to_string(),
+                    id: id.to_string(),
+                    r#type: kind,
                 }),
             }))
             .await
@@ -669,6 +681,9 @@ async fn prepare_layer(
     diff_id: &str,
     layer_digests: &[String],
 ) -> Result<Outcome, PullError> {
+    // First into our lease, then looked up: a chain another pull or run committed (and may
+    // drop, with its image, at any moment) is kept while ours builds on it.
+    c.lease_snapshot(snapshotter, chain).await?;
     let exists = snaps
         .clone()
         .stat(c.req(StatSnapshotRequest {
