@@ -264,8 +264,7 @@ impl Ctd {
             // Present, but perhaps held only by another client's lease or by an image being
             // removed: our lease takes a reference first, so the collector keeps the blob while
             // we label it and build on it. Collected in between (NotFound): written again.
-            self.lease_content(d).await?;
-            match self.set_labels(d, labels.clone()).await {
+            match self.label_present(d, labels.clone()).await {
                 Err(PullError::Containerd { status, .. }) if status.code() == Code::NotFound => {
                     tracing::debug!(
                         digest = d,
@@ -308,8 +307,7 @@ impl Ctd {
         let mut stream = match r {
             Ok(s) => s.into_inner(),
             Err(s) if s.code() == Code::AlreadyExists => {
-                self.lease_content(d).await?;
-                return self.set_labels(d, labels).await;
+                return self.label_present(d, labels).await;
             }
             Err(s) => return Err(ctd("content write")(s)),
         };
@@ -318,17 +316,22 @@ impl Ctd {
                 Ok(Some(_)) => {}
                 Ok(None) => return Ok(()),
                 Err(s) if s.code() == Code::AlreadyExists => {
-                    self.lease_content(d).await?;
-                    return self.set_labels(d, labels).await;
+                    return self.label_present(d, labels).await;
                 }
                 Err(s) => return Err(ctd("content write")(s)),
             }
         }
     }
 
-    /// Adds content `d` to this client's lease (no-op without a lease).
-    async fn lease_content(&self, d: &str) -> Result<(), PullError> {
-        self.lease_resource(d, "content".to_string()).await
+    /// Labels content `d` that is already in the store, after adding it to this client's
+    /// lease (no-op without a lease), so the collector keeps it while we build on it.
+    async fn label_present(
+        &self,
+        d: &str,
+        labels: BTreeMap<String, String>,
+    ) -> Result<(), PullError> {
+        self.lease_resource(d, "content".to_string()).await?;
+        self.set_labels(d, labels).await
     }
 
     /// Adds snapshot `key` of `snapshotter` to this client's lease (no-op without a lease),

@@ -15,10 +15,8 @@ use weenv_integration::util::require_root_and_bins;
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs root and containerd"]
 async fn content_written_by_another_lease_survives_its_collection() -> Result<()> {
-    require_root_and_bins(&["containerd", "ctr"])?;
-    let ctd = Containerd::start(ContainerdOptions::default())?;
-    let ch = containerd_client::connect(ctd.address()).await?;
-    let ns = "lease-test";
+    let (ctd, ch) = containerd().await?;
+    let ns = NS;
     let data = Bytes::from_static(b"a config blob two environments share\n");
     let digest = format!("sha256:{}", sha256_hex(&data));
 
@@ -63,10 +61,8 @@ async fn content_written_by_another_lease_survives_its_collection() -> Result<()
 async fn a_layer_chain_is_named_in_the_lease() -> Result<()> {
     use containerd_client::services::v1::leases_client::LeasesClient;
     use containerd_client::services::v1::ListResourcesRequest;
-    require_root_and_bins(&["containerd", "ctr"])?;
-    let ctd = Containerd::start(ContainerdOptions::default())?;
-    let ch = containerd_client::connect(ctd.address()).await?;
-    let ns = "lease-test";
+    let (ctd, ch) = containerd().await?;
+    let ns = NS;
     let mut c = Ctd::new(ch.clone(), ns);
     c.begin_lease("ours".into()).await?;
     c.lease_snapshot("weenv", "sha256:chain").await?;
@@ -92,6 +88,16 @@ async fn a_layer_chain_is_named_in_the_lease() -> Result<()> {
         .lease_snapshot("weenv", "sha256:chain")
         .await?;
     Ok(())
+}
+
+const NS: &str = "lease-test";
+
+/// A private containerd and a client channel to it.
+async fn containerd() -> Result<(Containerd, tonic::transport::Channel)> {
+    require_root_and_bins(&["containerd", "ctr"])?;
+    let ctd = Containerd::start(ContainerdOptions::default())?;
+    let ch = containerd_client::connect(ctd.address()).await?;
+    Ok((ctd, ch))
 }
 
 fn sha256_hex(b: &[u8]) -> String {

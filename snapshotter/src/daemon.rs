@@ -10,7 +10,7 @@ use crate::config::Config;
 use crate::fetch::FillConfig;
 use crate::fs::trust::TrustEvent;
 use crate::http::{self, Observable};
-use crate::layers::{LayerStore, LayerStoreConfig};
+use crate::layers::{Keepers, LayerStore, LayerStoreConfig};
 use crate::metrics::Metrics;
 use crate::remote::source::ContainerdSources;
 use crate::remote::toc_cache::TocCache;
@@ -181,10 +181,10 @@ pub async fn run(cfg: Config) -> Result<(), DaemonError> {
             Some(_) if full.is_some() => connect(&cfg.plain_keeper_socket(), "plain"),
             _ => None,
         };
-        (full, plain)
+        Keepers { full, plain }
     } else {
         info!("fuse.handover is off: running containers lose their lazy layers when this daemon stops");
-        (None, None)
+        Keepers::default()
     };
     let layers = LayerStore::start_with(
         layer_store_config(&cfg),

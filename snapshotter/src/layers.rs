@@ -5,8 +5,9 @@
 //! as an overlayfs lowerdir; a layer without xattrs is also at `<plain mountpoint>/<hex>`,
 //! where the kernel stops asking for xattrs and opens (see [`SessionKind`]), and that is the
 //! directory [`LayerStore::layer_path`] names. Both sessions share one state and one inode
-//! numbering; the reasons below for one session rather than one per layer hold for both. Frames are cached once per node (L1 memory, L2 disk, content
-//! addressed), shared by every layer that holds them.
+//! numbering; the reasons below for one session rather than one per layer hold for both.
+//! Frames are cached once per node (L1 memory, L2 disk, content addressed), shared by every
+//! layer that holds them.
 //!
 //! One session for all layers, not one per layer, because:
 //! - mounting is per-layer work on the container start path: a per-layer session costs a
@@ -154,6 +155,14 @@ pub struct LayerStatus {
     pub native: bool,
     /// Why the layer is quarantined (reads fail with EIO), if it is.
     pub quarantined: Option<String>,
+}
+
+/// The keepers of the two sessions (see [`crate::handover`]); none: the sessions end with the
+/// daemon.
+#[derive(Default)]
+pub struct Keepers {
+    pub full: Option<KeeperClient>,
+    pub plain: Option<KeeperClient>,
 }
 
 /// One FUSE session of the store, mounted at `mountpoint`.
@@ -557,11 +566,10 @@ impl LayerStore {
         rt: tokio::runtime::Handle,
         metrics: Arc<Metrics>,
     ) -> Result<Arc<LayerStore>, LayerError> {
-        Self::start_with(cfg, rt, metrics, (None, None))
+        Self::start_with(cfg, rt, metrics, Keepers::default())
     }
 
-    /// [`Self::start`] with keepers (`keepers.0` for the full session, `.1` for the plain
-    /// one): takes over the sessions they hold (served only from [`Self::serve`] on, once
+    /// [`Self::start`] with keepers: takes over the sessions they hold (served only from [`Self::serve`] on, once
     /// the layers are added again), else mounts new sessions and gives each keeper a copy of
     /// its fd. With a keeper for the full session but none for the plain one, no plain
     /// session is mounted (its containers would not survive a restart).
@@ -569,16 +577,13 @@ impl LayerStore {
         cfg: LayerStoreConfig,
         rt: tokio::runtime::Handle,
         metrics: Arc<Metrics>,
-        keepers: (Option<KeeperClient>, Option<KeeperClient>),
+        keepers: Keepers,
     ) -> Result<Arc<LayerStore>, LayerError> {
-        let (keeper, mut plain_keeper) = (keepers.0.map(Arc::new), keepers.1.map(Arc::new));
+        let (keeper, plain_keeper) = (keepers.full.map(Arc::new), keepers.plain.map(Arc::new));
         let mut plain_at = cfg.plain_mountpoint.clone();
         if keeper.is_some() && plain_keeper.is_none() && plain_at.is_some() {
             tracing::warn!("no keeper for the plain FUSE session: every layer is served by the full session (overlayfs asks it for xattrs on every lookup)");
             plain_at = None;
-        }
-        if plain_at.is_none() {
-            plain_keeper = None;
         }
         let takeover = keeper
             .as_ref()
@@ -741,13 +746,12 @@ impl LayerStore {
                 }
             }
         };
-        for k in self.mounts().filter_map(|m| m.keeper.as_ref()) {
-            if !new {
-                break;
-            }
+        if new {
             // Recorded before the layer is visible: no inode of it reaches the kernel first.
-            if let Err(e) = k.slot(digest.as_str(), slot) {
-                tracing::warn!(error = %e, layer = %digest, "the keeper did not record the layer's slot; a successor cannot serve it");
+            for k in self.mounts().filter_map(|m| m.keeper.as_ref()) {
+                if let Err(e) = k.slot(digest.as_str(), slot) {
+                    tracing::warn!(error = %e, layer = %digest, "the keeper did not record the layer's slot; a successor cannot serve it");
+                }
             }
         }
         let reload: TocReload = match reload {
@@ -1127,11 +1131,6 @@ impl LayerStore {
     /// The mountpoint of the full session.
     pub fn mountpoint(&self) -> &Path {
         &self.cfg.mountpoint
-    }
-
-    /// The mountpoint of the plain session, if one is mounted.
-    pub fn plain_mountpoint(&self) -> Option<&Path> {
-        self.plain.as_ref().map(|m| m.mountpoint.as_path())
     }
 
     /// The sessions: the full one, then the plain one if mounted.

@@ -804,13 +804,9 @@ impl<'a> Builder<'a> {
 
     /// The directory node and last name of `path` (which must exist).
     fn split(&self, path: &'a str) -> Option<(u32, &'a str)> {
-        let mut comps = path.split('/').filter(|c| !c.is_empty() && *c != ".");
-        let last = comps.next_back()?;
-        let mut cur = 0;
-        for comp in comps {
-            cur = *self.names.get(&(cur, comp))?;
-        }
-        Some((cur, last))
+        let path = path.trim_end_matches('/');
+        let (dir, last) = path.rsplit_once('/').unwrap_or(("", path));
+        Some((self.resolve(dir)?, last))
     }
 
     /// Packs the directory lists into the sorted dirent array and the name arena.

@@ -69,9 +69,6 @@ pub struct SessionState {
     pub probe: interrupt::ProbeSlot,
     /// What the kernel offered in FUSE INIT (kept for a successor, see [`crate::handover`]).
     pub init: parking_lot::Mutex<Option<crate::handover::InitParams>>,
-    /// The kernel opens files without a request once OPEN is answered ENOSYS
-    /// (`FUSE_NO_OPEN_SUPPORT`, Linux 4.19+); before that an ENOSYS fails the open(2).
-    pub zero_open: std::sync::atomic::AtomicBool,
 }
 
 impl SessionState {
@@ -80,15 +77,20 @@ impl SessionState {
             kind,
             probe: Default::default(),
             init: parking_lot::Mutex::new(None),
-            zero_open: Default::default(),
         })
     }
 
     /// Records what the kernel offered in INIT (`flags`: its capability bits).
     pub fn set_init(&self, init: crate::handover::InitParams) {
-        let zero_open = init.flags & InitFlags::FUSE_NO_OPEN_SUPPORT.bits() != 0;
-        self.zero_open.store(zero_open, Ordering::Relaxed);
         *self.init.lock() = Some(init);
+    }
+
+    /// True if the kernel opens files without a request once OPEN is answered ENOSYS
+    /// (`FUSE_NO_OPEN_SUPPORT`, Linux 4.19+); before that an ENOSYS fails the open(2).
+    pub fn zero_open(&self) -> bool {
+        self.init
+            .lock()
+            .is_some_and(|i| i.flags & InitFlags::FUSE_NO_OPEN_SUPPORT.bits() != 0)
     }
 }
 
@@ -270,7 +272,7 @@ impl Filesystem for WeenvFs {
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let mut op = self.st.metrics.op(FuseOp::Open);
         if self.plain() {
-            if self.session.zero_open.load(Ordering::Relaxed) {
+            if self.session.zero_open() {
                 // Once: the kernel opens every file of the session without asking from now on.
                 return reply.error(Errno::ENOSYS);
             }
@@ -627,11 +629,11 @@ mod tests {
         };
         let s = SessionState::new(SessionKind::Plain);
         s.set_init(init(InitFlags::FUSE_NO_OPEN_SUPPORT.bits() | 1));
-        assert!(s.zero_open.load(Ordering::Relaxed));
+        assert!(s.zero_open());
         assert_eq!(s.init.lock().map(|i| i.minor), Some(41));
         // A kernel without it (before 4.19): an ENOSYS would fail every open(2).
         s.set_init(init(InitFlags::FUSE_PASSTHROUGH.bits()));
-        assert!(!s.zero_open.load(Ordering::Relaxed));
+        assert!(!s.zero_open());
     }
 
     #[test]
