@@ -118,6 +118,7 @@ if [ "$PROFILE" = 1 ]; then
     "$BIN/weenv-convert" --plain-http "$REG" prefetch "$WEENV" --profile "$W/import.profile" \
         --to "$PROF" >"$W/prefetch.log" 2>&1
     log "profile: $(wc -l < "$W/import.profile") files; $(tail -1 "$W/prefetch.log")"
+    if [ -n "${LOGS_DIR:-}" ]; then cp "$W/import.profile" "$LOGS_DIR/"; fi
 fi
 for i in $(seq "$RUNS"); do
     if [ "$OVL" = 1 ]; then

@@ -216,3 +216,40 @@ fn overlay_stacks_plain_and_xattr_lowers() -> Result<()> {
     ensure!(std::fs::read(lowers[2].join("keep"))? == b"keep\n");
     Ok(())
 }
+
+/// With `fill.native = false`, the fill copies complete files out for passthrough only for the
+/// layers on the full session: the plain session has no passthrough, so a copy of a plain
+/// layer's file would only take disk.
+#[test]
+#[ignore = "needs root and /dev/fuse"]
+fn the_fill_copies_files_only_for_full_session_layers() -> Result<()> {
+    let fill = weenv_snapshotter::fetch::FillConfig {
+        native: false,
+        dir_prefetch_frames: 0,
+        read_ahead_bytes: 0,
+        ..Default::default()
+    };
+    let fx = Fixture::with_plain(fill, true)?;
+    ensure!(
+        fx.store.passthrough_active(),
+        "kernel 6.9+ with FUSE passthrough expected here"
+    );
+    let plain = TestLayer::new(fx.dir.path(), "plain", &plain_tar()?)?;
+    let rich = TestLayer::new(fx.dir.path(), "rich", &rich_tar()?)?;
+    fx.add(&plain)?;
+    fx.add(&rich)?;
+    fx.wait_fill(std::time::Duration::from_secs(120))?;
+    let copies = |d: &weenv_format::Digest| -> Result<usize> {
+        let dir = fx.store.frames().l2().layer_dir(d);
+        Ok(match std::fs::read_dir(&dir) {
+            Ok(rd) => rd.count(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => 0,
+            Err(e) => return Err(e).with_context(|| format!("listing {}", dir.display())),
+        })
+    };
+    // Both layers have a file over the 256 KiB threshold (usr/big, usr/bin/busybox).
+    let (p, r) = (copies(&plain.digest)?, copies(&rich.digest)?);
+    ensure!(r > 0, "the full-session layer got no complete-file copies");
+    ensure!(p == 0, "the plain layer got {p} complete-file copies");
+    Ok(())
+}

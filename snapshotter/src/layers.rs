@@ -800,9 +800,13 @@ impl LayerStore {
                 // the layer passed) the complete-file copies for passthrough.
                 let after: Option<AfterFill> = {
                     let (st, layer, reload) = (self.st.clone(), layer.clone(), reload.clone());
+                    // Copies serve passthrough, which only the full session has: a layer
+                    // new mounts see on the plain session gets none (an older snapshot on the
+                    // full session still copies a file at its first open).
                     let min = (self.cfg.passthrough
-                        && self.cfg.fill.materialise_min_bytes != u64::MAX)
-                        .then_some(self.cfg.fill.materialise_min_bytes);
+                        && self.cfg.fill.materialise_min_bytes != u64::MAX
+                        && !(layer.plain && self.plain.is_some()))
+                    .then_some(self.cfg.fill.materialise_min_bytes);
                     let native = self.cfg.fill.native;
                     Some(Box::new(move || {
                         // The full TOC, for this check only (dropped right after).
