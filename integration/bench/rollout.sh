@@ -34,6 +34,11 @@
 # containerd, ctr, runc, docker-registry, ip, tc, and the workspace binaries in WEENV_BIN
 # (weenv-snapshotter, weenv, weenv-convert for plans-profile, containerd-shim-weenv-v1 for the
 # shim modes; release for published numbers).
+# REPEAT=1: every iteration runs the first one's environments again, so from the second on
+# every mode starts on a warm node (each image already on it: the next task of a rollout on a
+# node that holds its image); SETTLE=1: before each iteration after the first, wait until the
+# weenv daemon's fill is done and every layer is on its native tree; FILL=false: the daemon's
+# background fill off (the weenv modes then read every byte on demand, on FUSE lowers).
 # Env: B (8), ITERS (3), MODES (all), RATE (200mbit), LATENCY_MS (5),
 #      OUT (/var/tmp/weenv-rollout-DATE: the TSVs, report, PNGs, logs/MODE/ of every env),
 #      SHIM_CPUS (0.125), SHIM_MEM (1073741824), CACHE (/var/tmp/weenv-workload).
@@ -153,6 +158,14 @@ env_run() {
     esac
 }
 
+wait_native() { # $1 = run dir: until the fill is done and every layer is on its native tree
+    for _ in $(seq 1200); do
+        python3 -c 'import json,sys; l=json.load(sys.stdin).get("layers", []); sys.exit(0 if l and all(x.get("native") for x in l) else 1)' \
+            < <(status_json "$1") 2>/dev/null && return 0
+        sleep 0.5
+    done
+    log "layers did not all switch to native trees"
+}
 weenv_mode() { case $1 in bundles | dynamic) return 1 ;; *) return 0 ;; esac; }
 layers_of() { case $1 in bundles-lazy) echo "$W/layers-bundles-lazy" ;; *) echo "$W/layers-plans" ;; esac; }
 status_json() { "$BIN/weenv" --config "$1/snap.toml" status --json 2>/dev/null || echo '{}'; }
@@ -164,9 +177,10 @@ printf 'mode\titer\twall_s\tlink_bytes\tregistry_bytes\n' >"$OUT/iterations.tsv"
 fail=0
 for mode in $MODES; do
     [ "$mode" = plans-profile ] && [ ! -d "$W/plans-prof" ] && record_profiles
-    d="$W/run-$mode"; drop_caches; start_stack "$d" true
+    d="$W/run-$mode"; drop_caches; start_stack "$d" "${FILL:-true}"
     for it in $(seq "$ITERS"); do
-        pairs "$it" >"$d/pairs-$it"
+        pairs "$([ "${REPEAT:-0}" = 1 ] && echo 1 || echo "$it")" >"$d/pairs-$it"
+        if [ "${SETTLE:-0}" = 1 ] && [ "$it" -gt 1 ] && weenv_mode "$mode"; then wait_native "$d"; fi
         if weenv_mode "$mode"; then
             "$BIN/weenv" --config "$d/snap.toml" profile --reset >/dev/null 2>&1 || true
             status_json "$d" >"$d/status-$it-before.json"
@@ -218,7 +232,7 @@ done
     printf 'B\t%s\nITERS\t%s\nRATE\t%s\nLATENCY_MS\t%s\ncores\t%s\n' "$B" "$ITERS" "$RATE" "$LATENCY_MS" "$(nproc)"
     printf 'bins\t%s\ndate\t%s\n' "$(basename "$BIN")" "$(date -u '+%Y-%m-%d %H:%M UTC')"
     printf 'uptime_before\t%s\nuptime_after\t%s\n' "${UPTIME_BEFORE##*load average: }" "$(uptime | sed 's/.*load average: //')"
-    printf 'command\tB=%s ITERS=%s MODES="%s" WEENV_BIN=%s integration/bench/rollout.sh\n' "$B" "$ITERS" "$MODES" "${WEENV_BIN:-target/debug}"
+    printf 'command\tB=%s ITERS=%s MODES="%s" REPEAT=%s SETTLE=%s FILL=%s WEENV_BIN=%s integration/bench/rollout.sh\n' "$B" "$ITERS" "$MODES" "${REPEAT:-0}" "${SETTLE:-0}" "${FILL:-true}" "${WEENV_BIN:-target/debug}"
 } >"$OUT/meta.tsv"
 [ -f "$CACHE/out/table1.md" ] && cp "$CACHE/out/table1.md" "$OUT/table1.md"
 if [ -x "$BIN/examples/rollout_report" ]; then

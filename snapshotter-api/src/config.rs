@@ -180,6 +180,11 @@ pub struct FillSection {
     /// Default: the layer store's (5000).
     #[serde(default)]
     pub busy_max_pause_ms: Option<u64>,
+    /// A 250 ms interval in which other processes used at least this percentage of the
+    /// node's CPU time pauses the fill like a FUSE read (0 = off, at most 100). Default: the
+    /// layer store's (50).
+    #[serde(default)]
+    pub busy_cpu_percent: Option<u32>,
     /// After a layer's fill, copy files of at least this many bytes out of the cache for
     /// passthrough (disk: their size again). Default: the layer store's (262144).
     #[serde(default)]
@@ -419,6 +424,7 @@ impl Default for FillSection {
             cpu_priority: CpuPriority::Idle,
             busy_ms: None,
             busy_max_pause_ms: None,
+            busy_cpu_percent: None,
             materialise_min_bytes: None,
             read_ahead_bytes: None,
             dir_prefetch_frames: None,
@@ -570,6 +576,12 @@ impl Config {
         }
         if self.fill.concurrency == 0 {
             return Err(invalid("fill.concurrency", "must be at least 1"));
+        }
+        if self.fill.busy_cpu_percent.is_some_and(|p| p > 100) {
+            return Err(invalid(
+                "fill.busy_cpu_percent",
+                "is a percentage of the node's CPU time: 0 (off) to 100",
+            ));
         }
         if let Some(m) = &self.fuse.mountpoint {
             if !m.is_absolute() {
@@ -785,6 +797,10 @@ mod tests {
         assert_eq!(field("version = 2"), "version");
         assert_eq!(field("version = 1\nroot_dir = \"rel\""), "root_dir");
         assert_eq!(field("version = 1\n[fuse]\nthreads = 0"), "fuse.threads");
+        assert_eq!(
+            field("version = 1\n[fill]\nbusy_cpu_percent = 101"),
+            "fill.busy_cpu_percent"
+        );
         assert_eq!(
             field("version = 1\n[fuse]\nkeeper_socket = \"rel.sock\""),
             "fuse.keeper_socket"

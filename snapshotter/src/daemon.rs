@@ -119,6 +119,7 @@ pub fn layer_store_config(cfg: &Config) -> LayerStoreConfig {
                 cpu_priority: cfg.fill.cpu_priority,
                 busy_ms: cfg.fill.busy_ms.unwrap_or(d.busy_ms),
                 busy_max_pause_ms: cfg.fill.busy_max_pause_ms.unwrap_or(d.busy_max_pause_ms),
+                busy_cpu_percent: cfg.fill.busy_cpu_percent.unwrap_or(d.busy_cpu_percent),
                 materialise_min_bytes: cfg
                     .fill
                     .materialise_min_bytes

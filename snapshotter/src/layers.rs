@@ -607,6 +607,23 @@ impl LayerStore {
             .with_link_policy((&cfg.fill).into())
             .with_cpu_policy((&cfg.fill).into()),
         );
+        if cfg.fill.enabled && cfg.fill.busy_cpu_percent > 0 {
+            // Busy CPUs pause the fill like reads do; the watch ends with the store.
+            let weak = Arc::downgrade(&store);
+            rt.spawn(crate::fetch::cpu::watch_cpu(
+                cfg.fill.busy_cpu_percent,
+                Duration::from_millis(250),
+                move |busy| {
+                    let Some(s) = weak.upgrade() else {
+                        return false;
+                    };
+                    if busy {
+                        s.note_cpu_busy();
+                    }
+                    true
+                },
+            ));
+        }
         let st = Arc::new(FsState {
             layers: RwLock::new(Layers::default()),
             store,

@@ -123,6 +123,8 @@ pub struct Metrics {
     pub read_bytes_served: AtomicU64,
     /// Opens answered with FUSE passthrough.
     pub passthrough_opens: AtomicU64,
+    /// CPU sampling intervals in which other processes kept the node busy (the fill paused).
+    pub cpu_busy_intervals: AtomicU64,
     /// Layers quarantined (their TOC disagreed with their tar, or their diff_id with the
     /// image's claim): reads of their files fail with EIO.
     pub layers_quarantined: AtomicU64,
@@ -163,6 +165,7 @@ impl Default for Metrics {
             verification_failures: AtomicU64::default(),
             read_bytes_served: AtomicU64::default(),
             passthrough_opens: AtomicU64::default(),
+            cpu_busy_intervals: AtomicU64::default(),
             layers_quarantined: AtomicU64::default(),
             header_checks: AtomicU64::default(),
             layers_verified: AtomicU64::default(),
@@ -234,7 +237,7 @@ impl Metrics {
     /// Prometheus text exposition (version 0.0.4), encoded by prometheus-client.
     pub fn render(&self) -> String {
         let mut e = Exposition::new();
-        let counters: [(&'static str, &'static str, &AtomicU64); 22] = [
+        let counters: [(&'static str, &'static str, &AtomicU64); 23] = [
             (
                 "weenv_fetch_bytes_on_demand_total",
                 "Compressed bytes fetched for on-demand reads.",
@@ -319,6 +322,11 @@ impl Metrics {
                 "weenv_passthrough_opens_total",
                 "Opens answered with FUSE passthrough.",
                 &self.passthrough_opens,
+            ),
+            (
+                "weenv_fill_cpu_busy_intervals_total",
+                "CPU sampling intervals (250 ms) in which other processes used at least fill.busy_cpu_percent of the node's CPU time: the fill paused.",
+                &self.cpu_busy_intervals,
             ),
             (
                 "weenv_layer_quarantined_total",

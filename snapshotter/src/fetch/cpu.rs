@@ -15,6 +15,12 @@
 //! - **Busy pause**: before each fill request, the fill waits until no FUSE read came for
 //!   `busy_ms` ([`busy_wait`], pure; the daemon sees every read of a lazy layer), at most
 //!   `max_pause_ms` at a time (then one request goes: throttled, not starved).
+//! - **Busy CPUs**: containers on a warm node read from the page cache or native trees, so no
+//!   FUSE read says they run. [`watch_cpu`] samples `/proc/stat` and `/proc/self/stat` every
+//!   250 ms; an interval in which other processes used at least `busy_cpu_percent` of the
+//!   node's CPU time counts as a read (SCHED_IDLE alone left warm tasks 4% slower while a
+//!   fill ran: network receive, cache and native-tree writes, memory bandwidth). Only the
+//!   share of *other* processes counts: the daemon's own work must not hold the fill back.
 //! - **No inversion**: a reader waiting for a frame a background call is fetching or decoding
 //!   raises the call (see `frames.rs`): the frames still to decode are decoded at normal
 //!   priority.
@@ -52,6 +58,95 @@ impl Default for CpuPolicy {
 pub fn busy_wait(now: Duration, last_read: Duration, waited: Duration, p: &CpuPolicy) -> Duration {
     let quiet_left = (last_read + p.busy).saturating_sub(now);
     quiet_left.min(p.max_pause.saturating_sub(waited))
+}
+
+/// CPU time counters, in clock ticks: the node's (every CPU) and this process's.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CpuTimes {
+    /// All CPU time: user, nice, system, idle, iowait, irq, softirq, steal.
+    pub total: u64,
+    /// Idle and iowait time.
+    pub idle: u64,
+    /// This process's user and system time.
+    pub own: u64,
+}
+
+impl CpuTimes {
+    /// From the texts of `/proc/stat` (its aggregate `cpu` line) and `/proc/self/stat`
+    /// (utime, stime: fields 14 and 15); `None` if either is malformed. Pure.
+    pub fn parse(stat: &str, self_stat: &str) -> Option<CpuTimes> {
+        let line = stat.lines().find(|l| l.starts_with("cpu "))?;
+        let v: Vec<u64> = line
+            .split_whitespace()
+            .skip(1)
+            .take(8)
+            .map(|f| f.parse().ok())
+            .collect::<Option<_>>()?;
+        if v.len() < 5 {
+            return None;
+        }
+        // After the command name (in parentheses, may hold spaces and parentheses) come
+        // fields 3.. : utime and stime are the 12th and 13th of those.
+        let rest = &self_stat[self_stat.rfind(')')? + 1..];
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        let tick = |i: usize| f.get(i).and_then(|x| x.parse::<u64>().ok());
+        Some(CpuTimes {
+            total: v.iter().sum(),
+            idle: v[3] + v[4],
+            own: tick(11)? + tick(12)?,
+        })
+    }
+
+    /// Percent of the node's CPU time that other processes used from `earlier` to `self`
+    /// (0 if no time passed or the counters went back). Pure.
+    pub fn others_percent(&self, earlier: &CpuTimes) -> u32 {
+        let total = self.total.saturating_sub(earlier.total);
+        if total == 0 {
+            return 0;
+        }
+        let busy = total.saturating_sub(self.idle.saturating_sub(earlier.idle));
+        let others = busy.saturating_sub(self.own.saturating_sub(earlier.own));
+        u32::try_from(others.saturating_mul(100) / total).unwrap_or(100)
+    }
+}
+
+/// Reads the node's and this process's CPU times (the kernel side of [`watch_cpu`]).
+pub fn read_cpu_times() -> std::io::Result<CpuTimes> {
+    let stat = std::fs::read_to_string("/proc/stat")?;
+    let own = std::fs::read_to_string("/proc/self/stat")?;
+    CpuTimes::parse(&stat, &own).ok_or_else(|| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "unexpected /proc/stat or /proc/self/stat format",
+        )
+    })
+}
+
+/// Samples the CPU times every `every` and calls `note(busy)` after each interval, `busy`
+/// when other processes used at least `percent` of the node's CPU time in it; stops when
+/// `note` returns false (its owner is gone) or the counters cannot be read.
+pub async fn watch_cpu(percent: u32, every: Duration, mut note: impl FnMut(bool) -> bool) {
+    let mut last = match read_cpu_times() {
+        Ok(t) => t,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read CPU times; the fill pauses only for FUSE reads");
+            return;
+        }
+    };
+    loop {
+        tokio::time::sleep(every).await;
+        let now = match read_cpu_times() {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read CPU times; the fill pauses only for FUSE reads");
+                return;
+            }
+        };
+        if !note(now.others_percent(&last) >= percent) {
+            return;
+        }
+        last = now;
+    }
 }
 
 /// Sets the calling thread's CPU scheduling and I/O priority (Linux: both are per thread).
@@ -126,6 +221,52 @@ fn warn_once(e: &std::io::Error) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const STAT: &str = "cpu  100 5 50 800 20 3 2 0 7 0\ncpu0 50 2 25 400 10 1 1 0 0 0\n";
+
+    #[test]
+    fn cpu_times_parse_the_proc_files() {
+        // The command name may hold spaces and parentheses.
+        let own = "4242 (weenv snap (x)) S 1 4242 4242 0 -1 4194560 1 0 0 0 30 12 0 0 20 0 9";
+        let t = CpuTimes::parse(STAT, own).unwrap();
+        assert_eq!(
+            t,
+            CpuTimes {
+                total: 980,
+                idle: 820,
+                own: 42
+            }
+        );
+        assert_eq!(CpuTimes::parse("intr 1 2\n", own), None);
+        assert_eq!(CpuTimes::parse(STAT, "4242 (x) S 1"), None);
+        assert_eq!(CpuTimes::parse("cpu  1 x 3 4 5\n", own), None);
+    }
+
+    #[test]
+    fn only_other_processes_count_as_busy() {
+        let a = CpuTimes {
+            total: 1000,
+            idle: 800,
+            own: 10,
+        };
+        // 200 ticks passed: 50 idle, 150 busy, 30 of them this process's.
+        let b = CpuTimes {
+            total: 1200,
+            idle: 850,
+            own: 40,
+        };
+        assert_eq!(b.others_percent(&a), 60);
+        // Only the daemon worked: not busy.
+        let c = CpuTimes {
+            total: 1200,
+            idle: 850,
+            own: 160,
+        };
+        assert_eq!(c.others_percent(&a), 0);
+        // No time passed, or counters that went back (a new process): 0.
+        assert_eq!(a.others_percent(&a), 0);
+        assert_eq!(a.others_percent(&b), 0);
+    }
 
     const MS: fn(u64) -> Duration = Duration::from_millis;
 

@@ -50,6 +50,10 @@ pub struct FillConfig {
     pub busy_ms: u64,
     /// Longest single pause of the fill while FUSE reads keep coming (ms). Default: 5000.
     pub busy_max_pause_ms: u64,
+    /// An interval (250 ms) in which other processes used at least this share of the node's
+    /// CPU time counts as a FUSE read for `busy_ms` (containers on a warm node read from
+    /// the page cache or native trees); 0 = off. Default: 50.
+    pub busy_cpu_percent: u32,
     /// Fill rate limit of the node in (compressed) bytes per second; 0 = unlimited.
     /// Default: 0.
     pub rate_limit_bytes_per_sec: u64,
@@ -114,6 +118,7 @@ impl Default for FillConfig {
             cpu_priority: CpuPriority::Idle,
             busy_ms: 500,
             busy_max_pause_ms: 5000,
+            busy_cpu_percent: 50,
             rate_limit_bytes_per_sec: 0,
             quiet_ms: 1000,
             materialise_min_bytes: 256 << 10,

@@ -285,7 +285,17 @@ impl FrameStore {
         self.last_read_ms.fetch_max(now, Ordering::Relaxed);
     }
 
-    /// Waits while the node's containers read through weenv (see [`busy_wait`]).
+    /// Other processes kept the node's CPUs busy (see [`super::cpu::watch_cpu`]): the fill
+    /// pauses as it does for a read.
+    pub fn note_cpu_busy(&self) {
+        self.metrics
+            .cpu_busy_intervals
+            .fetch_add(1, Ordering::Relaxed);
+        self.note_read();
+    }
+
+    /// Waits while the node's containers read through weenv or keep its CPUs busy (see
+    /// [`busy_wait`]).
     pub async fn wait_not_busy(&self) {
         let mut waited = Duration::ZERO;
         loop {
