@@ -126,22 +126,17 @@ pub fn read_cpu_times() -> std::io::Result<CpuTimes> {
 /// when other processes used at least `percent` of the node's CPU time in it; stops when
 /// `note` returns false (its owner is gone) or the counters cannot be read.
 pub async fn watch_cpu(percent: u32, every: Duration, mut note: impl FnMut(bool) -> bool) {
-    let mut last = match read_cpu_times() {
-        Ok(t) => t,
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot read CPU times; the fill pauses only for FUSE reads");
-            return;
-        }
+    let read = || {
+        read_cpu_times()
+            .inspect_err(|e| {
+                tracing::warn!(error = %e, "cannot read CPU times; the fill pauses only for FUSE reads");
+            })
+            .ok()
     };
+    let Some(mut last) = read() else { return };
     loop {
         tokio::time::sleep(every).await;
-        let now = match read_cpu_times() {
-            Ok(t) => t,
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot read CPU times; the fill pauses only for FUSE reads");
-                return;
-            }
-        };
+        let Some(now) = read() else { return };
         if !note(now.others_percent(&last) >= percent) {
             return;
         }
