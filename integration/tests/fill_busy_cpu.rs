@@ -42,22 +42,30 @@ impl Drop for Burners {
     }
 }
 
-#[test]
-#[ignore = "needs root and /dev/fuse"]
-fn the_fill_waits_while_other_processes_keep_the_cpus_busy() -> Result<()> {
-    let fill = FillConfig {
+/// The fill of these tests: at once (no quiet time), one pause for the whole busy period
+/// (the default lets a request go every 5 s), at normal priority (under SCHED_IDLE the fill's
+/// decoding would starve on fully busy CPUs whatever the pause does).
+fn fill(busy_cpu_percent: u32) -> FillConfig {
+    FillConfig {
         quiet_ms: 0,
-        // One pause lasts the whole busy period here (the default lets a request go every 5 s).
         busy_max_pause_ms: 120_000,
+        busy_cpu_percent,
         native: false,
-        // Normal priority: under SCHED_IDLE the fill's decoding would starve on fully busy
-        // CPUs whatever the pause does.
         cpu_priority: CpuPriority::Normal,
         read_ahead_bytes: 0,
         dir_prefetch_frames: 0,
         ..FillConfig::default()
-    };
-    ensure!(fill.busy_cpu_percent == 50, "default busy_cpu_percent");
+    }
+}
+
+#[test]
+#[ignore = "needs root and /dev/fuse"]
+fn the_fill_waits_while_other_processes_keep_the_cpus_busy() -> Result<()> {
+    ensure!(
+        FillConfig::default().busy_cpu_percent == 50,
+        "default busy_cpu_percent"
+    );
+    let fill = fill(50);
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let burners = Burners::start()?;
     let fx = Fixture::new(fill, false)?;
@@ -82,18 +90,7 @@ fn the_fill_waits_while_other_processes_keep_the_cpus_busy() -> Result<()> {
 #[test]
 #[ignore = "needs root and /dev/fuse"]
 fn with_the_cpu_signal_off_the_fill_runs_under_load() -> Result<()> {
-    let fill = FillConfig {
-        quiet_ms: 0,
-        busy_max_pause_ms: 120_000,
-        busy_cpu_percent: 0,
-        native: false,
-        // Normal priority: under SCHED_IDLE the fill's decoding would starve on fully busy
-        // CPUs whatever the pause does.
-        cpu_priority: CpuPriority::Normal,
-        read_ahead_bytes: 0,
-        dir_prefetch_frames: 0,
-        ..FillConfig::default()
-    };
+    let fill = fill(0);
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let _burners = Burners::start()?;
     let fx = Fixture::new(fill, false)?;
