@@ -133,7 +133,7 @@ record_profiles() {
 # One environment: $1 mode, $2 run dir, $3 id, $4 task, $5 harness; stdout to $2/env-$3.out.
 env_run() {
     local mode=$1 d=$2 id=$3 t=$4 h=$5 C="ctr -a $2/ctd.sock"
-    local RUN=("$BIN/weenv" --config "$d/snap.toml" run -a "$d/ctd.sock" --plain-http --id "$id" --cache-dir "$d/resolve-cache")
+    local RUN=("$BIN/weenv" --config "$d/snap.toml" run -a "$d/ctd.sock" --plain-http --id "$id" --cache-dir "$d/resolve-cache" ${RUN_FLAGS:-})
     local SHIM=(--runtime io.containerd.weenv.v1 --cpus "$SHIM_CPUS" --memory-limit "$SHIM_MEM"
         --annotation "io.weenv.ledger.dir=$d/ledger" --annotation "io.weenv.status.dir=$d/shim-status")
     case $mode in

@@ -592,7 +592,13 @@ pub async fn compose_and_start(
     .await?;
     tm.record(Step::Compose, compose_t + installed.store);
     tm.record(Step::Layers, installed.prepare);
-    tracing::debug!(digest = %composed.manifest_digest, image = %o.image, "composed on the node");
+    tracing::debug!(
+        digest = %composed.manifest_digest,
+        image = %o.image,
+        compose_ms = compose_t.as_secs_f64() * 1e3,
+        store_ms = installed.store.as_secs_f64() * 1e3,
+        "composed on the node"
+    );
     let l = &installed.layers;
 
     let plan_dir = o.plan.parent().unwrap_or(Path::new(".")).to_path_buf();
