@@ -38,7 +38,9 @@
 # every mode starts on a warm node (each image already on it: the next task of a rollout on a
 # node that holds its image); SETTLE=1: before each iteration after the first, wait until the
 # weenv daemon's fill is done and every layer is on its native tree; FILL=false: the daemon's
-# background fill off (the weenv modes then read every byte on demand, on FUSE lowers).
+# background fill off (the weenv modes then read every byte on demand, on FUSE lowers);
+# RUN_FLAGS: extra `weenv run` flags for the plans modes (e.g. --timings: each step's time in
+# the environment's .err under OUT/logs).
 # Env: B (8), ITERS (3), MODES (all), RATE (200mbit), LATENCY_MS (5),
 #      OUT (/var/tmp/weenv-rollout-DATE: the TSVs, report, PNGs, logs/MODE/ of every env),
 #      SHIM_CPUS (0.125), SHIM_MEM (1073741824), CACHE (/var/tmp/weenv-workload).
