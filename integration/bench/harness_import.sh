@@ -32,6 +32,7 @@
 #   cargo build --release -p weenv-snapshotter -p weenv-cli -p weenv-converter --bins
 #   WEENV_BIN=target/release integration/bench/harness_import.sh
 # Env: RUNS (3), RATE (200mbit), LATENCY_MS (5), HARNESS (v2), TASK (first task of the workload),
+# CMD and PYTHON (the import and the interpreter that runs it, default /opt/harness/bin/python),
 # OVL=0 skips the overlayfs rows (then no floor and no bound), PROFILE=0 the profiled image.
 set -euo pipefail
 
@@ -41,7 +42,7 @@ LATENCY_MS=${LATENCY_MS:-5}
 HARNESS=${HARNESS:-v2}
 CACHE=${CACHE:-/var/tmp/weenv-workload}
 CMD=${CMD:-"import openai, anthropic, pydantic"}
-PYTHON=/opt/harness/bin/python
+PYTHON=${PYTHON:-/opt/harness/bin/python}
 BIN=${WEENV_BIN:-$(cd "$(dirname "$0")/../.." && pwd)/target/debug}
 . "$(dirname "$0")/lib.sh"
 bench_need containerd ctr runc docker-registry ip tc bc
