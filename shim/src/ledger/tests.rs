@@ -84,11 +84,13 @@ fn file_ledger_is_shared_and_reaps_dead_pids() -> TestResult {
     let hs: Vec<_> = (0..8)
         .map(|i| {
             let l = l.clone();
-            std::thread::spawn(move || l.admit(&format!("ns/t{i}"), r(10, 0), &c).unwrap())
+            std::thread::spawn(move || {
+                l.admit(&format!("ns/t{i}"), r(10, 0), &c).unwrap() // ok: test code
+            })
         })
         .collect();
     for h in hs {
-        h.join().unwrap();
+        h.join().unwrap(); // ok: test code
     }
     assert_eq!(l.read()?.entries.len(), 9);
     l.release("ns/a")?;

@@ -12,26 +12,27 @@ use crate::cgroup::v1::V1;
 fn setup(t: &std::path::Path) -> (V1, ShimConfig, StatusDir) {
     let (cpu, acct, mem) = (t.join("cpu"), t.join("cpuacct"), t.join("memory"));
     for d in [&cpu, &acct, &mem] {
-        fs::create_dir_all(d).unwrap();
+        fs::create_dir_all(d).unwrap(); // ok: test code
     }
-    fs::write(cpu.join("cpu.cfs_quota_us"), "50000").unwrap();
-    fs::write(cpu.join("cpu.cfs_period_us"), "100000").unwrap();
-    fs::write(cpu.join("cpu.stat"), "nr_periods 0\nnr_throttled 0\n").unwrap();
-    fs::write(acct.join("cpuacct.usage"), "0").unwrap();
-    fs::write(mem.join("memory.usage_in_bytes"), "1048576").unwrap();
-    fs::write(mem.join("memory.stat"), "total_inactive_file 0\n").unwrap();
-    fs::write(mem.join("memory.failcnt"), "0").unwrap();
+    fs::write(cpu.join("cpu.cfs_quota_us"), "50000").unwrap(); // ok: test code
+    fs::write(cpu.join("cpu.cfs_period_us"), "100000").unwrap(); // ok: test code
+    fs::write(cpu.join("cpu.stat"), "nr_periods 0\nnr_throttled 0\n").unwrap(); // ok: test code
+    fs::write(acct.join("cpuacct.usage"), "0").unwrap(); // ok: test code
+    fs::write(mem.join("memory.usage_in_bytes"), "1048576").unwrap(); // ok: test code
+    fs::write(mem.join("memory.stat"), "total_inactive_file 0\n").unwrap(); // ok: test code
+    fs::write(mem.join("memory.failcnt"), "0").unwrap(); // ok: test code
     fs::write(
         mem.join("memory.oom_control"),
         "oom_kill_disable 0\nunder_oom 0\noom_kill 0\n",
     )
-    .unwrap();
-    fs::write(mem.join("memory.limit_in_bytes"), (64u64 << 20).to_string()).unwrap();
+    .unwrap(); // ok: test code
+    let limit = (64u64 << 20).to_string();
+    fs::write(mem.join("memory.limit_in_bytes"), limit).unwrap(); // ok: test code
     fs::write(
         mem.join("memory.memsw.limit_in_bytes"),
         (64u64 << 20).to_string(),
     )
-    .unwrap();
+    .unwrap(); // ok: test code
     let mut cfg = ShimConfig::default();
     cfg.node.ledger_dir = t.join("ledger");
     cfg.node.cpu_millicores = 8000;
@@ -74,7 +75,7 @@ fn burst_raises_quota_in_one_round_and_records_it() -> TestResult {
     let log = fs::read_to_string(sd.changes_path())?;
     let lines: Vec<serde_json::Value> = log
         .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
+        .map(|l| serde_json::from_str(l).unwrap()) // ok: test code
         .collect();
     assert_eq!(lines.len(), 2);
     assert_eq!(lines[0]["resource"], "cpu");
@@ -121,7 +122,7 @@ fn preemption_shrinks_on_the_next_round() -> TestResult {
         f.admit(
             "ns/new",
             std::process::id(),
-            crate::ledger::process_start(std::process::id()).unwrap(),
+            crate::ledger::process_start(std::process::id()).unwrap(), // ok: test code
             Res {
                 cpu_m: 7000,
                 mem: 0,
@@ -208,7 +209,9 @@ fn v2_sets_memory_high_and_scales_on_high_events() -> TestResult {
     let io = crate::cgroup::v2::V2::new(d.clone());
     let mut m = Monitor::new("ns/v2".into(), Box::new(io), cfg, sd, Duration::ZERO)?;
     assert!(m.current().cpu.is_none(), "no CPU limit: not scaled");
-    let high = |d: &std::path::Path| fs::read_to_string(d.join("memory.high")).unwrap();
+    let high = |d: &std::path::Path| {
+        fs::read_to_string(d.join("memory.high")).unwrap() // ok: test code
+    };
     assert_eq!(high(&d), (((64u64 << 20) as f64 * 0.9) as u64).to_string());
     m.round(Duration::from_millis(200))?;
     // The kernel throttled at memory.high 3 times: pressure -> x2.

@@ -206,9 +206,10 @@ fn simulate(
     let mut samples = vec![Sample::default()];
     let (mut hc, mut hm) = (vec![], vec![]);
     for i in 1..=cpu_demand.len() as u64 {
-        let q = cur.cpu.unwrap().value;
-        let l = cur.mem.unwrap().value;
-        let s = cpu_step(samples.last().unwrap(), i, cpu_demand[i as usize - 1], q);
+        let q = cur.cpu.unwrap().value; // ok: test code
+        let l = cur.mem.unwrap().value; // ok: test code
+        let last = samples.last().unwrap(); // ok: test code
+        let s = cpu_step(last, i, cpu_demand[i as usize - 1], q);
         let s = mem_step(&s, i, mem_ws[i as usize - 1], l);
         samples.push(s);
         let d = decide(&samples, at(i), &cur, &p);
@@ -221,8 +222,8 @@ fn simulate(
             t.value = c.new;
             t.changed_at = at(i);
         }
-        hc.push(cur.cpu.unwrap().value);
-        hm.push(cur.mem.unwrap().value);
+        hc.push(cur.cpu.unwrap().value); // ok: test code
+        hm.push(cur.mem.unwrap().value); // ok: test code
     }
     (hc, hm)
 }

@@ -74,13 +74,13 @@ impl LayerProvider for Fake {
 }
 
 fn svc(d: &Path, fake: Option<Arc<Fake>>) -> SnapshotService {
-    let store = Arc::new(MetaStore::open(&d.join("m.redb")).unwrap());
+    let store = Arc::new(MetaStore::open(&d.join("m.redb")).unwrap()); // ok: test code
     SnapshotService::new(
         store,
         d.join("snapshots"),
         fake.map(|f| f as Arc<dyn LayerProvider>),
     )
-    .unwrap()
+    .unwrap() // ok: test code
 }
 
 fn remote_labels(target: &str, digest: &str) -> HashMap<String, String> {

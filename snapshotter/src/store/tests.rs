@@ -6,8 +6,8 @@ use super::*;
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
 fn store() -> (tempfile::TempDir, MetaStore) {
-    let d = tempfile::tempdir().unwrap();
-    let s = MetaStore::open(&d.path().join("m.redb")).unwrap();
+    let d = tempfile::tempdir().unwrap(); // ok: test code
+    let s = MetaStore::open(&d.path().join("m.redb")).unwrap(); // ok: test code
     (d, s)
 }
 

@@ -28,7 +28,7 @@ fn frame(offset: u64, ulen: u64, n: u32) -> Frame {
 }
 
 fn addr(s: &str) -> SocketAddr {
-    s.parse().unwrap()
+    s.parse().unwrap() // ok: test code
 }
 
 #[test]
@@ -84,8 +84,8 @@ async fn serve_fn<F>(f: F) -> SocketAddr
 where
     F: Fn(Request<hyper::body::Incoming>) -> Response<Full<Bytes>> + Send + Sync + 'static,
 {
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let a = l.local_addr().unwrap();
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap(); // ok: test code
+    let a = l.local_addr().unwrap(); // ok: test code
     let f = Arc::new(f);
     tokio::spawn(async move {
         while let Ok((s, _)) = l.accept().await {
@@ -123,7 +123,7 @@ async fn registry(blob: Vec<u8>) -> (SocketAddr, Arc<AtomicUsize>) {
                 *resp.status_mut() = hyper::StatusCode::PARTIAL_CONTENT;
                 resp.headers_mut().insert(
                     "content-range",
-                    format!("bytes {a}-{b}/{}", blob.len()).parse().unwrap(),
+                    format!("bytes {a}-{b}/{}", blob.len()).parse().unwrap(), // ok: test code
                 );
                 resp
             }
@@ -160,9 +160,9 @@ struct Node {
 }
 
 fn node() -> Node {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().unwrap(); // ok: test code
     let metrics = Arc::new(Metrics::new());
-    let l2 = DiskCache::open(dir.path(), 1 << 30, metrics.clone()).unwrap();
+    let l2 = DiskCache::open(dir.path(), 1 << 30, metrics.clone()).unwrap(); // ok: test code
     let store = Arc::new(FrameStore::new(
         MemoryCache::new(1 << 20),
         l2,
@@ -204,7 +204,7 @@ fn client(
         },
         stats.clone(),
     )
-    .unwrap();
+    .unwrap(); // ok: test code
     (Arc::new(c), stats)
 }
 
@@ -222,7 +222,7 @@ async fn owner(reg: SocketAddr) -> (Node, SocketAddr, Arc<PeerStats>) {
     let stats = Arc::new(PeerStats::default());
     let server = Arc::new(PeerServer::new(
         n.store.clone(),
-        weenv_registry::Client::new(rc).unwrap(),
+        weenv_registry::Client::new(rc).unwrap(), // ok: test code
         ServerConfig {
             limits: RequestLimits {
                 max_request_bytes: 8 << 20,
@@ -234,8 +234,8 @@ async fn owner(reg: SocketAddr) -> (Node, SocketAddr, Arc<PeerStats>) {
         },
         stats.clone(),
     ));
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let a = l.local_addr().unwrap();
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap(); // ok: test code
+    let a = l.local_addr().unwrap(); // ok: test code
     tokio::spawn(server.serve(l));
     (n, a, stats)
 }
@@ -243,7 +243,7 @@ async fn owner(reg: SocketAddr) -> (Node, SocketAddr, Arc<PeerStats>) {
 fn source(blob: &[u8], reg: SocketAddr) -> (Arc<MemSource>, Arc<dyn RangeSource>) {
     let mem = MemSource::new(blob.to_vec());
     let loc = BlobLocator {
-        reference: format!("{reg}/test/layer").parse::<Reference>().unwrap(),
+        reference: format!("{reg}/test/layer").parse::<Reference>().unwrap(), // ok: test code
         digest: Digest::sha256(blob),
         size: blob.len() as u64,
     };
@@ -263,7 +263,7 @@ async fn read_all(
         .store
         .get_frames(&toc.frames, src, &all, Priority::OnDemand)
         .await
-        .unwrap();
+        .unwrap(); // ok: test code
     (reader, got.iter().map(|b| b.to_vec()).collect())
 }
 
@@ -275,7 +275,7 @@ fn expected(toc: &weenv_format::Toc, blob: &[u8]) -> Vec<Vec<u8>> {
                 f,
                 &blob[f.offset as usize..(f.offset + f.clen) as usize],
             )
-            .unwrap()
+            .unwrap() // ok: test code
         })
         .collect()
 }
@@ -327,7 +327,7 @@ async fn the_owner_fetches_once_for_every_reader_and_readers_verify() {
         .body("{\"version\":1}")
         .send()
         .await
-        .unwrap();
+        .unwrap(); // ok: test code
     assert_eq!(r.status().as_u16(), 400);
     assert_eq!(own_stats.refused_invalid.load(Ordering::Relaxed), 1);
 }
@@ -342,11 +342,11 @@ async fn lying_dead_and_silent_peers_cost_a_registry_fetch_and_an_ejection_never
     assert_eq!(wrong.len() as u64, want_len);
     let liar = serve_fn(move |_| Response::new(Full::new(Bytes::from(wrong.clone())))).await;
     let dead = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap()
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap(); // ok: test code
+        l.local_addr().unwrap() // ok: test code
     };
-    let silent_l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let silent = silent_l.local_addr().unwrap();
+    let silent_l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap(); // ok: test code
+    let silent = silent_l.local_addr().unwrap(); // ok: test code
     tokio::spawn(async move {
         let mut held = Vec::new();
         while let Ok((s, _)) = silent_l.accept().await {
@@ -417,7 +417,7 @@ async fn two_owners_reading_each_others_frames_at_once_do_not_wait_on_each_other
     );
     let want = expected(&toc, &blob);
     for r in [ra, rb] {
-        let got: Vec<Vec<u8>> = r.unwrap().iter().map(|b| b.to_vec()).collect();
+        let got: Vec<Vec<u8>> = r.unwrap().iter().map(|b| b.to_vec()).collect(); // ok: test code
         assert_eq!(got, want);
     }
     assert!(
