@@ -58,6 +58,15 @@ fn fill(busy_cpu_percent: u32) -> FillConfig {
     }
 }
 
+/// Every CPU busy in other processes, then a layer added with [`fill`]`(busy_cpu_percent)`.
+fn fill_under_load(busy_cpu_percent: u32) -> Result<(Fixture, Burners)> {
+    let burners = Burners::start()?;
+    let fx = Fixture::new(fill(busy_cpu_percent), false)?;
+    let layer = TestLayer::new(fx.dir.path(), "rich", &rich_tar()?)?;
+    fx.add(&layer)?;
+    Ok((fx, burners))
+}
+
 #[test]
 #[ignore = "needs root and /dev/fuse"]
 fn the_fill_waits_while_other_processes_keep_the_cpus_busy() -> Result<()> {
@@ -65,12 +74,8 @@ fn the_fill_waits_while_other_processes_keep_the_cpus_busy() -> Result<()> {
         FillConfig::default().busy_cpu_percent == 50,
         "default busy_cpu_percent"
     );
-    let fill = fill(50);
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let burners = Burners::start()?;
-    let fx = Fixture::new(fill, false)?;
-    let layer = TestLayer::new(fx.dir.path(), "rich", &rich_tar()?)?;
-    fx.add(&layer)?;
+    let (fx, burners) = fill_under_load(50)?;
     std::thread::sleep(Duration::from_secs(3));
     let st = fx.store.status();
     let busy = fx.metrics.cpu_busy_intervals.load(Ordering::Relaxed);
@@ -90,12 +95,8 @@ fn the_fill_waits_while_other_processes_keep_the_cpus_busy() -> Result<()> {
 #[test]
 #[ignore = "needs root and /dev/fuse"]
 fn with_the_cpu_signal_off_the_fill_runs_under_load() -> Result<()> {
-    let fill = fill(0);
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let _burners = Burners::start()?;
-    let fx = Fixture::new(fill, false)?;
-    let layer = TestLayer::new(fx.dir.path(), "rich", &rich_tar()?)?;
-    fx.add(&layer)?;
+    let (fx, _burners) = fill_under_load(0)?;
     fx.wait_fill(Duration::from_secs(60))?;
     ensure!(fx.metrics.cpu_busy_intervals.load(Ordering::Relaxed) == 0);
     Ok(())

@@ -694,10 +694,16 @@ impl LayerStore {
     /// when there is one and the layer has no xattrs, else on the full session.
     pub fn layer_path(&self, digest: &Digest) -> PathBuf {
         let mount = match &self.plain {
-            Some(p) if self.layer(digest).is_some_and(|l| l.plain) => p,
+            Some(p) if self.layer(digest).is_some_and(|l| self.on_plain(&l)) => p,
             _ => &self.full,
         };
         mount.mountpoint.join(digest.hex())
+    }
+
+    /// True if new mounts see `layer` on the plain session (mounted, and the layer has no
+    /// xattrs).
+    fn on_plain(&self, layer: &Layer) -> bool {
+        layer.plain && self.plain.is_some()
     }
 
     /// True if `dir` is a directory of layer `digest` on one of the sessions (the full session
@@ -822,7 +828,7 @@ impl LayerStore {
                     // full session still copies a file at its first open).
                     let min = (self.cfg.passthrough
                         && self.cfg.fill.materialise_min_bytes != u64::MAX
-                        && !(layer.plain && self.plain.is_some()))
+                        && !self.on_plain(&layer))
                     .then_some(self.cfg.fill.materialise_min_bytes);
                     let native = self.cfg.fill.native;
                     Some(Box::new(move || {

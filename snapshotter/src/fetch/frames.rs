@@ -91,8 +91,9 @@ pub struct FrameStore {
     limits: PlanLimits,
     link: LinkScheduler,
     cpu: CpuPolicy,
-    /// Milliseconds after `started` of the last FUSE read (the node's containers are busy).
-    last_read_ms: AtomicU64,
+    /// Milliseconds after `started` of the last sign that the node's containers are busy: a
+    /// FUSE read, or a CPU interval other processes kept busy.
+    last_busy_ms: AtomicU64,
     last_log: LogLimit,
     started: Instant,
     /// Compressed bytes of the range requests in flight.
@@ -243,7 +244,7 @@ impl FrameStore {
             limits,
             link: LinkScheduler::new(LinkPolicy::default()),
             cpu: CpuPolicy::default(),
-            last_read_ms: AtomicU64::new(0),
+            last_busy_ms: AtomicU64::new(0),
             last_log: LogLimit::default(),
             started: Instant::now(),
             in_flight: AtomicU64::new(0),
@@ -281,8 +282,7 @@ impl FrameStore {
 
     /// A FUSE read came now (the fill pauses while they keep coming).
     pub fn note_read(&self) {
-        let now = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
-        self.last_read_ms.fetch_max(now, Ordering::Relaxed);
+        self.note_busy();
     }
 
     /// Other processes kept the node's CPUs busy (see [`super::cpu::watch_cpu`]): the fill
@@ -291,7 +291,12 @@ impl FrameStore {
         self.metrics
             .cpu_busy_intervals
             .fetch_add(1, Ordering::Relaxed);
-        self.note_read();
+        self.note_busy();
+    }
+
+    fn note_busy(&self) {
+        let now = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.last_busy_ms.fetch_max(now, Ordering::Relaxed);
     }
 
     /// Waits while the node's containers read through weenv or keep its CPUs busy (see
@@ -299,7 +304,7 @@ impl FrameStore {
     pub async fn wait_not_busy(&self) {
         let mut waited = Duration::ZERO;
         loop {
-            let last = Duration::from_millis(self.last_read_ms.load(Ordering::Relaxed));
+            let last = Duration::from_millis(self.last_busy_ms.load(Ordering::Relaxed));
             let w = busy_wait(self.started.elapsed(), last, waited, &self.cpu);
             if w.is_zero() {
                 return;
