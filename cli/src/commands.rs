@@ -219,6 +219,7 @@ pub async fn run(cli: Cli) -> Result<()> {
                     .map(str::parse::<weenv_registry::Platform>)
                     .transpose()?,
                 image_name: name,
+                daemon: parse_listen(&cfg.observability.listen).ok().flatten(),
             };
             // Per-layer lines and a summary on stderr only on a terminal.
             let tty = std::io::stderr().is_terminal();
@@ -288,6 +289,7 @@ pub async fn run(cli: Cli) -> Result<()> {
                     ttl: std::time::Duration::from_secs(a.ttl),
                     refresh: a.refresh,
                 },
+                daemon: parse_listen(&cfg.observability.listen).ok().flatten(),
             };
             let rep = crate::run::run_plan(&registry, &o).await?;
             eprintln!(

@@ -21,3 +21,4 @@ pub mod commands;
 pub mod progress;
 pub mod pull;
 pub mod run;
+pub mod trust;

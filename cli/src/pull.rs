@@ -17,7 +17,7 @@ use containerd_client::services::v1::images_client::ImagesClient;
 use containerd_client::services::v1::leases_client::LeasesClient;
 use containerd_client::services::v1::snapshots::snapshots_client::SnapshotsClient;
 use containerd_client::services::v1::snapshots::{
-    CommitSnapshotRequest, PrepareSnapshotRequest, RemoveSnapshotRequest, StatSnapshotRequest,
+    CommitSnapshotRequest, PrepareSnapshotRequest, RemoveSnapshotRequest,
 };
 use containerd_client::services::v1::{
     AddResourceRequest, ApplyRequest, CreateImageRequest, CreateRequest as LeaseCreate,
@@ -33,6 +33,7 @@ use tonic::{Code, Request};
 use tracing::{debug, info};
 use weenv_registry::manifest::{chain_ids, host_platform, ImageConfig};
 use weenv_registry::{select_platform, Client, ImageManifest, Manifest, Platform, Reference};
+use weenv_snapshotter_api::config::ListenAddr;
 
 /// Label: CRI manifest digest.
 pub use weenv_snapshotter_api::labels::{
@@ -69,6 +70,16 @@ pub enum PullError {
         layer: String,
         claimed: String,
         actual: String,
+    },
+    /// The namespace's chain is a lazy layer bound to another blob than the manifest names,
+    /// and it can be neither verified nor replaced.
+    #[error("chain {chain} in this namespace is lazy layer {bound}, not the manifest's {layer}: {why} (hint: {hint})")]
+    Contested {
+        chain: String,
+        layer: String,
+        bound: String,
+        why: String,
+        hint: String,
     },
     /// A layer failed: which one, of which image (the cause follows).
     #[error("layer {index}/{total} {digest} of {image}")]
@@ -127,6 +138,10 @@ pub struct PullOptions {
     pub platform: Option<Platform>,
     /// Image name recorded in containerd (default: the normalised reference).
     pub image_name: Option<String>,
+    /// The weenv-snapshotter's endpoint (`observability.listen`): asked to verify a chain of
+    /// the namespace that is a lazy layer bound to another blob than the manifest names.
+    /// `None`: such a chain is replaced unverified.
+    pub daemon: Option<ListenAddr>,
 }
 
 /// What a pull did.
@@ -152,6 +167,8 @@ pub struct Ctd {
     pub(crate) ch: Channel,
     pub(crate) ns: String,
     pub(crate) lease: Option<String>,
+    /// The daemon's endpoint, for verifications (see [`PullOptions::daemon`]).
+    pub(crate) daemon: Option<ListenAddr>,
 }
 
 impl Ctd {
@@ -160,7 +177,14 @@ impl Ctd {
             ch,
             ns: ns.to_string(),
             lease: None,
+            daemon: None,
         }
+    }
+
+    /// Verifications of contested chains are asked of the daemon at `daemon`.
+    pub fn with_daemon(mut self, daemon: Option<ListenAddr>) -> Ctd {
+        self.daemon = daemon;
+        self
     }
 
     /// Create lease `id` (expiring after an hour, in case this process dies before
@@ -467,7 +491,7 @@ pub async fn pull(
 ) -> Result<PullReport, PullError> {
     let started = Instant::now();
     let r: Reference = reference.parse()?;
-    let mut c = Ctd::new(channel, &opts.namespace);
+    let mut c = Ctd::new(channel, &opts.namespace).with_daemon(opts.daemon.clone());
     c.begin_lease(format!("weenv-pull-{}", unique())).await?;
     let res = pull_leased(registry, &c, &r, opts, progress).await;
     let del = c.end_lease().await;
@@ -687,17 +711,12 @@ async fn prepare_layer(
     // First into our lease, then looked up: a chain another pull or run committed (and may
     // drop, with its image, at any moment) is kept while ours builds on it.
     c.lease_snapshot(snapshotter, chain).await?;
-    let exists = snaps
-        .clone()
-        .stat(c.req(StatSnapshotRequest {
-            snapshotter: snapshotter.to_string(),
-            key: chain.to_string(),
-        }))
-        .await;
-    match exists {
-        Ok(_) => return Ok(Outcome::Present),
-        Err(s) if s.code() == Code::NotFound => {}
-        Err(s) => return Err(ctd("snapshot stat")(s)),
+    match crate::trust::existing_chain(c, snaps, snapshotter, chain, layer.digest.as_str()).await? {
+        crate::trust::Existing::Usable => return Ok(Outcome::Present),
+        crate::trust::Existing::Absent => {}
+        crate::trust::Existing::Replace(why) => {
+            crate::trust::remove_chain(c, snapshotter, chain, layer.digest.as_str(), &why).await?
+        }
     }
     let key = format!("extract-weenv-{}-{} {chain}", unique(), i);
     let labels = layer_labels(

@@ -477,6 +477,7 @@ async fn weenv_run(
         stdio: weenv_cli::run::stdio::StdioMode::Output,
         cache_dir: p.tmp.path().join("resolve-cache"),
         policy: ResolvePolicy::default(),
+        daemon: None,
     };
     let rep = weenv_cli::run::run_plan(&p.client, &o).await?;
     println!(

@@ -244,6 +244,7 @@ fn opts(
         stdio: weenv_cli::run::stdio::StdioMode::Output,
         cache_dir: e.tmp.path().join("cache"),
         policy: ResolvePolicy::default(),
+        daemon: None,
     }
 }
 

@@ -13,126 +13,19 @@
 //! check catches it before exposing the entry (fill off), and quarantines the layer.
 
 mod snapshotter_common;
+mod untrusted_common;
 
 use anyhow::{bail, ensure, Context, Result};
 use snapshotter_common::*;
 use std::io::Read;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+use untrusted_common::*;
 use weenv_integration::containerd::{Containerd, ContainerdOptions};
 use weenv_integration::images::{self, OciImage};
 use weenv_integration::registry::LocalRegistry;
 use weenv_integration::util::{require_root_and_bins, E2E_FUSE_BINS};
 use weenv_registry::{Bytes, Client, Reference};
-
-const GOOD_TEXT: &str = "hello from weenv test image";
-const EVIL_TEXT: &str = "EVIL: not the image you pulled";
-
-/// The uncompressed tar of the (single, gzip) layer of `img`.
-fn layout_layer_tar(img: &OciImage) -> Result<Vec<u8>> {
-    let blob = |d: &str| {
-        img.layout
-            .join("blobs/sha256")
-            .join(d.trim_start_matches("sha256:"))
-    };
-    let index: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(img.layout.join("index.json"))?)?;
-    let md = index["manifests"][0]["digest"]
-        .as_str()
-        .context("index.json names no manifest")?;
-    let m: serde_json::Value = serde_json::from_slice(&std::fs::read(blob(md))?)?;
-    let ld = m["layers"][0]["digest"]
-        .as_str()
-        .context("manifest names no layer")?;
-    let mut child = Command::new("gzip")
-        .arg("-dc")
-        .stdin(std::fs::File::open(blob(ld))?)
-        .stdout(Stdio::piped())
-        .spawn()
-        .context("gzip -dc")?;
-    let mut tar = Vec::new();
-    child
-        .stdout
-        .take()
-        .context("gzip stdout")?
-        .read_to_end(&mut tar)?;
-    ensure!(child.wait()?.success(), "gzip -dc failed");
-    Ok(tar)
-}
-
-/// `tar` with the content of regular file `path` replaced by `data`.
-fn replace_file(tar_bytes: &[u8], path: &str, data: &[u8]) -> Result<Vec<u8>> {
-    let mut out = tar::Builder::new(Vec::new());
-    let mut found = false;
-    for e in tar::Archive::new(tar_bytes).entries()? {
-        let mut e = e?;
-        let mut h = e.header().clone();
-        let name = e
-            .path()?
-            .to_string_lossy()
-            .trim_start_matches("./")
-            .to_string();
-        if name == path {
-            found = true;
-            h.set_size(data.len() as u64);
-            h.set_cksum();
-            out.append(&h, data)?;
-        } else {
-            let mut body = Vec::new();
-            e.read_to_end(&mut body)?;
-            out.append(&h, &body[..])?;
-        }
-    }
-    ensure!(found, "{path} not in the layer");
-    Ok(out.into_inner()?)
-}
-
-/// Pushes GOOD's manifest with `blob` (annotated `annotations`) in place of GOOD's layer,
-/// GOOD's config (diff_ids) unchanged, as `dest`. Returns the layer digest.
-async fn push_with_layer(
-    cl: &Client,
-    good: &str,
-    dest: &str,
-    blob: Vec<u8>,
-    annotations: std::collections::BTreeMap<String, String>,
-) -> Result<String> {
-    let digest = weenv_format::Digest::sha256(&blob);
-    let size = blob.len();
-    let rd: Reference = dest.parse()?;
-    cl.push_blob(&rd, &digest, Bytes::from(blob)).await?;
-    let (_, mb) = cl
-        .get_image_manifest(
-            &good.parse()?,
-            "linux",
-            &weenv_registry::manifest::host_platform().architecture,
-            None,
-        )
-        .await?;
-    let mut m: serde_json::Value = serde_json::from_slice(&mb.bytes)?;
-    let layers = m["layers"].as_array_mut().context("manifest layers")?;
-    ensure!(layers.len() == 1, "busybox has one layer");
-    layers[0]["digest"] = digest.to_string().into();
-    layers[0]["size"] = size.into();
-    layers[0]["annotations"] = serde_json::to_value(annotations)?;
-    cl.push_manifest(&rd, Bytes::from(serde_json::to_vec(&m)?), &mb.media_type)
-        .await?;
-    Ok(digest.to_string())
-}
-
-/// Pushes EVIL: busybox with another `/etc/weenv`, claiming GOOD's diff_ids.
-async fn push_evil(cl: &Client, img: &OciImage, good: &str, evil: &str) -> Result<String> {
-    let tar = replace_file(&layout_layer_tar(img)?, "etc/weenv", EVIL_TEXT.as_bytes())?;
-    let mut blob = Vec::new();
-    let sum = weenv_format::write_layer(&tar[..], &mut blob, &Default::default())?;
-    push_with_layer(
-        cl,
-        good,
-        evil,
-        blob,
-        weenv_format::descriptor_annotations(&sum),
-    )
-    .await
-}
 
 /// Pushes LIAR: busybox's own tar (the diff_id GOOD claims is true) whose TOC says
 /// `/etc/weenv` is setuid.
@@ -163,38 +56,6 @@ async fn push_liar(cl: &Client, img: &OciImage, good: &str, liar: &str) -> Resul
     .collect();
     push_with_layer(cl, good, liar, blob, annotations).await
 }
-
-/// A registry holding the busybox test image converted to weenv as `app:good` (GOOD).
-struct Good {
-    cl: Client,
-    img: OciImage,
-    host: String,
-    good: String,
-    _reg: LocalRegistry,
-    tmp: tempfile::TempDir,
-}
-
-async fn good_image() -> Result<Good> {
-    require_root_and_bins(E2E_FUSE_BINS)?;
-    let tmp = tempfile::tempdir()?;
-    let reg = LocalRegistry::start(tmp.path())?;
-    let host = reg.host();
-    let img = images::busybox()?;
-    let gz = reg.push(&img, "app:gz")?;
-    let cl = client(std::slice::from_ref(&host))?;
-    let good = format!("{host}/app:good");
-    convert(&cl, &gz, &good).await?;
-    Ok(Good {
-        cl,
-        img,
-        host,
-        good,
-        _reg: reg,
-        tmp,
-    })
-}
-
-const CAT: &[&str] = &["/bin/cat", "/etc/weenv"];
 
 /// `ctr run` that must fail without showing EVIL's content.
 fn run_fails(ctd: &Containerd, ns: &str, image: &str, id: &str) -> Result<()> {

@@ -8,7 +8,9 @@ use std::path::{Path, PathBuf};
 use thiserror::Error;
 
 mod peers;
+mod trust;
 pub use peers::PeersSection;
+pub use trust::TrustSection;
 
 /// Default location of the config file.
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/weenv/config.toml";
@@ -84,6 +86,8 @@ pub struct Config {
     pub limits: LimitsSection,
     #[serde(default)]
     pub peers: PeersSection,
+    #[serde(default)]
+    pub trust: TrustSection,
 }
 
 /// Registry access.
@@ -471,6 +475,7 @@ impl Default for Config {
             observability: ObservabilitySection::default(),
             limits: LimitsSection::default(),
             peers: PeersSection::default(),
+            trust: TrustSection::default(),
         }
     }
 }
@@ -615,6 +620,7 @@ impl Config {
         }
         self.listen_addr()?;
         self.peers.validate()?;
+        self.trust.validate()?;
         Ok(())
     }
 

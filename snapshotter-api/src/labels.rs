@@ -26,6 +26,13 @@ pub const LABEL_STARGZ_REFERENCE: &str = "containerd.io/snapshot/remote/stargz.r
 pub const LABEL_STARGZ_DIGEST: &str = "containerd.io/snapshot/remote/stargz.digest";
 /// Label we put on remote committed snapshots: the layer digest they expose.
 pub const LABEL_WEENV_LAYER: &str = "containerd.io/snapshot/weenv.layer";
+/// Label of every remote snapshot's `Stat`/`Walk` answer: the layer (blob) digest the snapshot
+/// is bound to. Outside the `containerd.io/snapshot/` prefix on purpose: containerd passes an
+/// image's layer annotations with that prefix to Prepare and keeps them as the snapshot's
+/// labels in its metadata (where they win over the snapshotter's), so an image could forge
+/// `LABEL_WEENV_LAYER`, but never this one. `weenv pull` and `weenv run` compare it with the
+/// layer their manifest names.
+pub const LABEL_BOUND_LAYER: &str = "weenv.io/bound-layer";
 
 /// Label: CRI comma-separated layer digests (capped like containerd's, 4 KiB).
 pub const LABEL_CRI_IMAGE_LAYERS: &str = "containerd.io/snapshot/cri.image-layers";

@@ -14,3 +14,4 @@ pub mod client;
 pub mod config;
 pub mod labels;
 pub mod status;
+pub mod verify;

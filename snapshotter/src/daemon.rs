@@ -54,6 +54,7 @@ struct Obs {
     layers: Arc<LayerStore>,
     metrics: Arc<Metrics>,
     peers: Option<crate::peer::Peers>,
+    provider: Arc<dyn LayerProvider>,
 }
 
 impl Observable for Obs {
@@ -95,6 +96,42 @@ impl Observable for Obs {
     }
     fn reset_profile(&self) {
         self.layers.reset_access();
+    }
+    fn verify(&self, digest: String) -> futures::future::BoxFuture<'static, http::Response> {
+        let provider = self.provider.clone();
+        Box::pin(async move { verify_response(provider.as_ref(), &digest).await })
+    }
+}
+
+/// The answer to `POST /verify/<digest>` (see `weenv_snapshotter_api::verify`).
+async fn verify_response(provider: &dyn LayerProvider, digest: &str) -> http::Response {
+    use weenv_snapshotter_api::verify::{VerifyReport, VerifyVerdict};
+    let text = |code, body: String| http::Response {
+        code,
+        content_type: "text/plain",
+        body,
+    };
+    let Ok(d) = digest.parse::<weenv_format::Digest>() else {
+        return text(404, format!("{digest:?} is not a layer digest\n"));
+    };
+    let t0 = std::time::Instant::now();
+    let (verdict, reason) = match provider.verify(&d).await {
+        Ok(crate::remote::Verdict::Verified) => (VerifyVerdict::Verified, None),
+        Ok(crate::remote::Verdict::Unclaimed) => (VerifyVerdict::Unclaimed, None),
+        Ok(crate::remote::Verdict::Quarantined(r)) => (VerifyVerdict::Quarantined, Some(r)),
+        Err(e) => return text(409, format!("{e}\n")),
+    };
+    let report = VerifyReport {
+        layer: d.to_string(),
+        verdict,
+        reason,
+        secs: t0.elapsed().as_secs_f64(),
+    };
+    info!(layer = %d, ?verdict, secs = report.secs, "layer verification requested");
+    http::Response {
+        code: 200,
+        content_type: "application/json",
+        body: serde_json::to_string(&report).unwrap_or_default(),
     }
 }
 
@@ -223,9 +260,14 @@ pub async fn run(cfg: Config) -> Result<(), DaemonError> {
         weenv_layers = weenv_layers.with_local(s.clone());
     }
     let provider: Arc<dyn LayerProvider> = Arc::new(weenv_layers);
-    let mut svc = SnapshotService::new(store.clone(), cfg.snapshots_dir(), Some(provider))?;
+    let mut svc = SnapshotService::new(store.clone(), cfg.snapshots_dir(), Some(provider.clone()))?
+        .with_trust(cfg.trust.clone());
     if let Some(s) = sources {
-        svc = svc.with_sources(s);
+        svc = svc
+            .with_claims(Arc::new(crate::remote::contest::ContainerdClaims::new(
+                s.clone(),
+            )))
+            .with_sources(s);
     }
     let svc = Arc::new(svc);
     let (ok, failed) = svc.remount_all().await?;
@@ -239,6 +281,7 @@ pub async fn run(cfg: Config) -> Result<(), DaemonError> {
             layers: layers.clone(),
             metrics,
             peers,
+            provider,
         });
         tokio::spawn(http::serve(l, obs));
     }

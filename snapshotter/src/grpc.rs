@@ -56,7 +56,9 @@ pub fn status_of(e: &SnapshotError) -> Status {
         SnapshotError::Store(StoreError::AlreadyExists(_)) | SnapshotError::RemoteCommitted(_) => {
             Status::already_exists(msg)
         }
-        SnapshotError::Store(StoreError::FailedPrecondition(_)) => Status::failed_precondition(msg),
+        SnapshotError::Store(StoreError::FailedPrecondition(_))
+        | SnapshotError::Quarantined { .. }
+        | SnapshotError::Unverified { .. } => Status::failed_precondition(msg),
         SnapshotError::Remount {
             error: crate::remote::RemoteError::Limit(_),
             ..
@@ -109,8 +111,22 @@ fn to_info(r: Info) -> CInfo {
         kind: kind.into(),
         created_at: Some(timestamp(r.created_nanos)),
         updated_at: Some(timestamp(r.updated_nanos)),
-        labels: r.labels.into_iter().collect(),
+        labels: presented_labels(r.labels, r.remote.as_ref()),
     }
+}
+
+/// A snapshot's labels as clients see them: a remote snapshot's carry the layer it is bound to
+/// (`LABEL_BOUND_LAYER`, set here only: no client can put it on a snapshot).
+fn presented_labels(
+    mut labels: std::collections::BTreeMap<String, String>,
+    remote: Option<&crate::store::RemoteLayerRef>,
+) -> std::collections::HashMap<String, String> {
+    use weenv_snapshotter_api::labels::LABEL_BOUND_LAYER;
+    labels.remove(LABEL_BOUND_LAYER);
+    if let Some(r) = remote {
+        labels.insert(LABEL_BOUND_LAYER.to_string(), r.digest.clone());
+    }
+    labels.into_iter().collect()
 }
 
 /// The checks an Update's `info` passes before the service sees it (kind a known enum value,
@@ -225,6 +241,10 @@ impl Snapshots for Grpc {
             ..
         } = req.into_inner();
         debug!(key, parent, "view");
+        self.svc
+            .check_parent(&parent)
+            .await
+            .map_err(st("view", &key))?;
         let mounts = self
             .svc
             .view(&key, &parent, labels)
@@ -275,7 +295,12 @@ impl Snapshots for Grpc {
         req: Request<StatSnapshotRequest>,
     ) -> Result<Response<StatSnapshotResponse>, Status> {
         let key = req.into_inner().key;
-        let info = self.svc.stat(&key).map(to_info).map_err(st("stat", &key))?;
+        let info = self
+            .svc
+            .stat_checked(&key)
+            .await
+            .map(to_info)
+            .map_err(st("stat", &key))?;
         Ok(Response::new(StatSnapshotResponse { info: Some(info) }))
     }
 

@@ -27,6 +27,25 @@ pub trait Observable: Send + Sync + 'static {
     fn profile_json(&self) -> String;
     /// Forget the files read so far (start recording a new workload).
     fn reset_profile(&self);
+    /// `POST /verify/<layer digest>`: fetch the layer in full now and check it (a
+    /// `weenv_snapshotter_api::verify::VerifyReport`, JSON).
+    fn verify(&self, digest: String) -> futures::future::BoxFuture<'static, Response> {
+        Box::pin(async move {
+            Response {
+                code: 404,
+                content_type: "text/plain",
+                body: format!("layer {digest}: verification is not served here\n"),
+            }
+        })
+    }
+}
+
+/// The layer a `POST /verify/<digest>` request line names. Pure.
+pub fn verify_target(request_line: &str) -> Option<String> {
+    let mut parts = request_line.split_whitespace();
+    let (method, path) = (parts.next()?, parts.next()?);
+    let d = path.strip_prefix(weenv_snapshotter_api::verify::VERIFY_PATH)?;
+    (method == "POST" && !d.is_empty()).then(|| d.to_string())
 }
 
 /// A response: status line, content type, body.
@@ -83,6 +102,7 @@ fn reason(code: u16) -> &'static str {
     match code {
         200 => "OK",
         404 => "Not Found",
+        409 => "Conflict",
         405 => "Method Not Allowed",
         _ => "Error",
     }
@@ -101,7 +121,10 @@ async fn handle<S: AsyncRead + AsyncWrite + Unpin>(mut s: S, obs: Arc<dyn Observ
     let head = String::from_utf8_lossy(&buf);
     let line = head.lines().next().unwrap_or("");
     debug!(line, "http request");
-    let r = route(line, obs.as_ref());
+    let r = match verify_target(line) {
+        Some(d) => obs.verify(d).await,
+        None => route(line, obs.as_ref()),
+    };
     let out = format!(
         "HTTP/1.1 {} {}\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{}",
         r.code,
@@ -200,6 +223,12 @@ mod tests {
         assert_eq!(route("POST /profile/reset HTTP/1.1", &O).code, 200);
         assert_eq!(route("GET /profile HTTP/1.1", &O).body, "{\"resets\":1}");
         assert_eq!(route("", &O).code, 405);
+        assert_eq!(
+            verify_target("POST /verify/sha256:ab HTTP/1.1").as_deref(),
+            Some("sha256:ab")
+        );
+        assert_eq!(verify_target("GET /verify/sha256:ab HTTP/1.1"), None);
+        assert_eq!(verify_target("POST /verify/ HTTP/1.1"), None);
     }
 
     #[tokio::test]

@@ -37,6 +37,7 @@ use crate::fs::layer::{Layer, ROOT_INO};
 use crate::fs::ops::{FsState, Layers};
 use crate::fs::passthrough::Passthrough;
 use crate::fs::trust::{check_complete, PersistFn, QuarantineHook};
+pub use crate::fs::verify::Verdict;
 use crate::fs::{SessionKind, SessionState, WeenvFs};
 use crate::handover::client::KeeperClient;
 use crate::handover::{resume, SessionMeta, META_VERSION};
@@ -114,6 +115,8 @@ pub enum LayerError {
     NotFound(Digest),
     #[error("the layer store is shut down")]
     ShutDown,
+    #[error(transparent)]
+    Verify(#[from] crate::fs::verify::VerifyError),
 }
 
 /// State of one mounted layer.
@@ -282,6 +285,8 @@ pub struct LayerStore {
     open_log: Mutex<Option<std::thread::JoinHandle<()>>>,
     fills: Mutex<HashMap<Digest, JoinHandle<()>>>,
     fill_budget: Arc<FillShared>,
+    /// Per exposed layer: reads its full TOC again (completion checks on request).
+    reloads: Mutex<HashMap<Digest, TocReload>>,
 }
 
 /// Makes the allocator give freed memory back (call once, before threads start): glibc raises
@@ -680,6 +685,7 @@ impl LayerStore {
             handed_over: AtomicBool::new(false),
             open_log: Mutex::new(open_log),
             fills: Mutex::new(HashMap::new()),
+            reloads: Mutex::new(HashMap::new()),
             fill_budget: Arc::new(FillShared::default()),
             cfg,
         }))
@@ -784,6 +790,7 @@ impl LayerStore {
                 Arc::new(move || Ok((*kept).clone()))
             }
         };
+        self.reloads.lock().insert(digest.clone(), reload.clone());
         // Built outside the lock (a large TOC takes a while); the decoded TOC is dropped here.
         let built =
             Layer::new(digest.clone(), slot, toc, source).map_err(|source| LayerError::Table {
@@ -835,14 +842,23 @@ impl LayerStore {
                         // The full TOC, for this check only (dropped right after).
                         match reload() {
                             Ok(full) => {
-                                let checked = st.rt.block_on(check_complete(
-                                    &st.store,
-                                    &full,
-                                    &layer.source,
-                                    &layer.digest,
-                                    &layer.trust,
-                                    &st.metrics,
-                                ));
+                                let checked = st.rt.block_on(async {
+                                    // One check at a time; one concluded on request is final.
+                                    let _one = layer.trust.check_lock.lock().await;
+                                    if Verdict::known(&layer).is_some() {
+                                        return Ok(None);
+                                    }
+                                    check_complete(
+                                        &st.store,
+                                        &full,
+                                        &layer.source,
+                                        &layer.digest,
+                                        &layer.trust,
+                                        &st.metrics,
+                                    )
+                                    .await
+                                    .map(Some)
+                                });
                                 drop(full);
                                 release_free_heap();
                                 if let Err(e) = checked {
@@ -988,6 +1004,26 @@ impl LayerStore {
         }
     }
 
+    /// Fetches exposed layer `digest` in full now and checks it (see `fs::verify`), unless it
+    /// was concluded before.
+    pub async fn verify_now(&self, digest: &Digest) -> Result<Verdict, LayerError> {
+        let layer = self
+            .layer(digest)
+            .ok_or_else(|| LayerError::NotFound(digest.clone()))?;
+        let reload = self
+            .reloads
+            .lock()
+            .get(digest)
+            .cloned()
+            .ok_or_else(|| LayerError::NotFound(digest.clone()))?;
+        Ok(crate::fs::verify::verify_now(&self.st, &layer, &reload).await?)
+    }
+
+    /// The verdict of exposed layer `digest` if one is known (no check is started).
+    pub fn verdict(&self, digest: &Digest) -> Option<Verdict> {
+        Verdict::known(self.layer(digest)?.as_ref())
+    }
+
     /// Why exposed layer `digest` is quarantined, if it is.
     pub fn quarantine_reason(&self, digest: &Digest) -> Option<String> {
         self.layer(digest).and_then(|l| l.trust.reason())
@@ -1079,6 +1115,7 @@ impl LayerStore {
         if let Some(h) = self.fills.lock().remove(digest) {
             h.abort();
         }
+        self.reloads.lock().remove(digest);
         for n in self.mounts().filter_map(|m| m.notifier.as_ref()) {
             let _ = n.inval_entry(INodeNo(ROOT_INO), OsStr::new(digest.hex()));
         }

@@ -8,6 +8,7 @@
 use crate::mounts::{
     hold_natives, mounts_for, native_for_new, native_lower, release_native, Access, MountSpec,
 };
+use crate::remote::contest::ClaimSource;
 use crate::remote::identity::claim_fits_target;
 use crate::remote::source::LayerSources;
 use crate::remote::{
@@ -26,6 +27,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use thiserror::Error;
 use tracing::{debug, info, warn};
 use weenv_format::Digest;
+use weenv_snapshotter_api::config::TrustSection;
 
 /// Service errors, mapped to gRPC codes in `grpc.rs`.
 #[derive(Debug, Error)]
@@ -46,6 +48,31 @@ pub enum SnapshotError {
     RemoteCommitted(String),
     #[error("remount of {digest} failed: {error}")]
     Remount { digest: String, error: RemoteError },
+    /// A remote snapshot the call reaches is quarantined (see `service::gate`).
+    #[error(
+        "snapshot {key:?} is lazy layer {digest}, quarantined ({reason}): nothing new may use it; \
+             remove the images built on it and its chain snapshot in their namespace \
+             (`ctr -n NAMESPACE snapshots --snapshotter weenv rm CHAIN_ID`), then pull again: \
+             the layer then takes the ordinary path, where its diff_id is checked"
+    )]
+    Quarantined {
+        key: String,
+        digest: String,
+        reason: String,
+    },
+    /// A contested remote snapshot's verification concluded nothing (see `service::gate`).
+    #[error(
+        "snapshot {key:?} (lazy layer {digest}) is contested: image manifest {manifest} claims \
+             its chain with layer {other}; it is not used before its layer is verified, and the \
+             verification did not conclude: {reason}"
+    )]
+    Unverified {
+        key: String,
+        digest: String,
+        manifest: String,
+        other: String,
+        reason: String,
+    },
 }
 
 impl From<FilterError> for SnapshotError {
@@ -84,6 +111,12 @@ pub struct RemoteCounters {
     /// Prepares naming a weenv layer but not its image (stock clients) whose image was not
     /// found in containerd's content store: they took the ordinary path.
     pub remote_no_source: AtomicU64,
+    /// Prepares of weenv layers whose image is not in `trust.lazy_sources`: ordinary path.
+    pub remote_untrusted: AtomicU64,
+    /// Calls that reached a contested unverified remote snapshot (held for its verification).
+    pub contested: AtomicU64,
+    /// Gate checks that could not read containerd's image claims (snapshots used unchecked).
+    pub contest_unchecked: AtomicU64,
 }
 
 impl RemoteCounters {
@@ -100,9 +133,20 @@ impl RemoteCounters {
                 ("error", &self.remote_errors),
                 ("refused", &self.remote_refused),
                 ("no_source", &self.remote_no_source),
+                ("untrusted_source", &self.remote_untrusted),
             ]
             .map(|(outcome, c)| (outcome, c.load(Ordering::Relaxed)))
             .to_vec(),
+        );
+        e.counter(
+            "weenv_contested_snapshots_total",
+            "Stat/Prepare/View calls that reached an unverified remote snapshot whose chain another image claims with another layer (held until the layer was verified).",
+            self.contested.load(Ordering::Relaxed),
+        );
+        e.counter(
+            "weenv_contest_unchecked_total",
+            "Gate checks that could not read containerd's image claims (unverified remote snapshots used unchecked).",
+            self.contest_unchecked.load(Ordering::Relaxed),
         );
         e.render()
     }
@@ -118,6 +162,10 @@ pub struct SnapshotService {
     layers: Option<Arc<dyn LayerProvider>>,
     /// Where layers come from when a Prepare names only the layer (stock clients).
     sources: Option<Arc<dyn LayerSources>>,
+    /// What the node's images claim (the gate's contest check).
+    claims: Option<Arc<dyn ClaimSource>>,
+    /// Which images may be lazy; contest checks.
+    trust: TrustSection,
 }
 
 /// containerd's default namespace (a Prepare without the namespace header).
@@ -149,7 +197,21 @@ impl SnapshotService {
             snapshots_dir,
             layers,
             sources: None,
+            claims: None,
+            trust: TrustSection::default(),
         })
+    }
+
+    /// Checks contested snapshots against the image claims of `claims` (see `service::gate`).
+    pub fn with_claims(mut self, claims: Arc<dyn ClaimSource>) -> Self {
+        self.claims = Some(claims);
+        self
+    }
+
+    /// The trust policy (`[trust]`).
+    pub fn with_trust(mut self, trust: TrustSection) -> Self {
+        self.trust = trust;
+        self
     }
 
     /// Finds the image of layers whose Prepare names only the layer through `sources`.
@@ -341,10 +403,25 @@ impl SnapshotService {
         parent: &str,
         labels: HashMap<String, String>,
     ) -> Result<Vec<MountSpec>, SnapshotError> {
+        self.check_parent(parent).await?;
         let req = match &self.layers {
             Some(_) => self.remote_request(namespace, &labels).await,
             None => None,
         };
+        let req = req.filter(|r| {
+            let ok = r
+                .reference
+                .parse::<weenv_registry::Reference>()
+                .is_ok_and(|i| self.trust.allows_lazy(&i));
+            if !ok {
+                self.counters
+                    .remote_untrusted
+                    .fetch_add(1, Ordering::Relaxed);
+                info!(key, reference = %r.reference, digest = %r.digest,
+                    "image not in trust.lazy_sources: its layer takes the ordinary path");
+            }
+            ok
+        });
         if let (Some(layers), Some(req)) = (&self.layers, req) {
             match self
                 .try_remote(layers.as_ref(), &req, parent, &labels)
@@ -716,4 +793,5 @@ pub fn dir_usage(root: &Path) -> std::io::Result<(i64, i64)> {
     Ok((size, seen.len() as i64))
 }
 
+mod gate;
 mod tests;

@@ -119,6 +119,9 @@ pub struct RunOptions {
     pub stdio: StdioMode,
     pub cache_dir: PathBuf,
     pub policy: ResolvePolicy,
+    /// The weenv-snapshotter's endpoint, for verifications of contested chains (see
+    /// `crate::trust`); `None`: such a chain fails the run.
+    pub daemon: Option<weenv_snapshotter_api::config::ListenAddr>,
 }
 
 /// The steps of `weenv run`, in order.
@@ -575,7 +578,7 @@ pub async fn compose_and_start(
     let id =
         o.id.clone()
             .unwrap_or_else(|| format!("weenv-run-{}", std::process::id()));
-    let mut c = Ctd::new(ch.clone(), &o.namespace);
+    let mut c = Ctd::new(ch.clone(), &o.namespace).with_daemon(o.daemon.clone());
     let group_blobs = image::group_blobs(&groups, |d| cache.blob(d))?;
     let installed = image::store_and_prepare(
         client,

@@ -18,6 +18,7 @@ pub mod ops;
 pub mod passthrough;
 pub mod readahead;
 pub mod trust;
+pub mod verify;
 
 use crate::metrics::FuseOp;
 use fuser::{

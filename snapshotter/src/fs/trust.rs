@@ -86,6 +86,8 @@ pub struct LayerTrust {
     checked: Box<[AtomicU64]>,
     /// Stream offset of each frame and the stream length last (computed on first use).
     starts: OnceLock<Vec<u64>>,
+    /// Held by a completion check (the fill's, or a verification on request): one at a time.
+    pub check_lock: tokio::sync::Mutex<()>,
 }
 
 impl LayerTrust {

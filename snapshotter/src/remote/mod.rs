@@ -5,6 +5,8 @@
 //! - [`toc_cache`]: verified TOC tails cached on disk by layer digest.
 //! - [`image`]: what the image manifest says about its layers (size, TOC hint, profile).
 //! - [`identity`]: which known layer a Prepare may be served from (pure).
+//! - [`contest`]: chains another image claims with another layer (their snapshots wait for
+//!   verification).
 //! - [`provider`]: [`WeenvLayers`], the real [`LayerProvider`] (registry + FUSE layer store).
 //! - [`source`]: where a layer comes from when the Prepare names only the layer (stock
 //!   clients): containerd's content store.
@@ -20,6 +22,7 @@
 //!   weenv-convert writes (`containerd.io/snapshot/weenv.layer-digest` + TOC hint); the image
 //!   is then found through [`source`].
 
+pub mod contest;
 pub mod identity;
 pub mod image;
 pub mod probe;
@@ -32,6 +35,8 @@ pub use provider::WeenvLayers;
 use std::path::PathBuf;
 use thiserror::Error;
 use weenv_format::Digest;
+
+pub use crate::fs::verify::Verdict;
 
 pub use weenv_snapshotter_api::labels::{
     RemoteLayerRequest, UnsourcedLayerRequest, LABEL_CRI_IMAGE_REF, LABEL_CRI_LAYER_DIGEST,
@@ -62,6 +67,9 @@ pub enum RemoteError {
     /// it must not get this layer lazily.
     #[error("layer {digest} cannot be shared: {reason}")]
     Identity { digest: String, reason: String },
+    /// A verification on request concluded nothing (a frame or the TOC could not be read).
+    #[error("verifying layer {digest}: {message}")]
+    Verify { digest: String, message: String },
     /// The layer is over a configured limit (`[limits]`); the message names the limit and the
     /// config key (the caller names the layer). The Prepare fails (no silent ordinary pull).
     #[error("{0}")]
@@ -96,6 +104,17 @@ pub trait LayerProvider: Send + Sync + 'static {
     /// Start the start-up prefetch of an exposed layer for the image `req` names (in the
     /// background; no-op without a profile).
     fn prefetch(&self, _req: &RemoteLayerRequest) {}
+    /// Fetches layer `digest` in full now and checks it against its claimed diff_id (a
+    /// mismatch quarantines it); a verdict concluded before is returned at once.
+    async fn verify(&self, digest: &Digest) -> Result<Verdict, RemoteError> {
+        Err(RemoteError::Unsupported(format!(
+            "cannot verify layer {digest} on request"
+        )))
+    }
+    /// The verdict of layer `digest` if one is known (no check is started).
+    fn verdict(&self, _digest: &Digest) -> Option<Verdict> {
+        None
+    }
     /// Why layer `digest` is quarantined, if it is (its snapshots are not handed out again).
     fn quarantined(&self, _digest: &Digest) -> Option<String> {
         None

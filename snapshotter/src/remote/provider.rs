@@ -538,6 +538,32 @@ impl LayerProvider for WeenvLayers {
         self.inner.layers.serves_dir(d, dir)
     }
 
+    fn verdict(&self, d: &Digest) -> Option<super::Verdict> {
+        let me = &self.inner;
+        if let Some(v) = me.layers.verdict(d) {
+            return Some(v);
+        }
+        let rec = me.store.layer(d.as_str()).ok().flatten()?;
+        if let Some(r) = rec.quarantined {
+            return Some(super::Verdict::Quarantined(r));
+        }
+        rec.verified.then_some(super::Verdict::Verified)
+    }
+
+    async fn verify(&self, d: &Digest) -> Result<super::Verdict, RemoteError> {
+        if let Some(v) = self.verdict(d) {
+            return Ok(v);
+        }
+        self.inner
+            .layers
+            .verify_now(d)
+            .await
+            .map_err(|e| RemoteError::Verify {
+                digest: d.to_string(),
+                message: e.to_string(),
+            })
+    }
+
     fn quarantined(&self, d: &Digest) -> Option<String> {
         let me = &self.inner;
         if let Some(r) = me.layers.quarantine_reason(d) {

@@ -219,7 +219,8 @@ impl ContainerdSources {
         Ok(c)
     }
 
-    async fn manifests(&self, namespace: &str) -> Result<Vec<ContentLabels>, String> {
+    /// The image manifests of `namespace`'s content store (those referencing a config).
+    pub(crate) async fn manifests(&self, namespace: &str) -> Result<Vec<ContentLabels>, String> {
         let req = ListContentRequest {
             filters: vec![MANIFEST_FILTER.to_string()],
         };
@@ -234,6 +235,25 @@ impl ContainerdSources {
             out.extend(resp.info.into_iter().map(ContentLabels::from));
         }
         Ok(out)
+    }
+}
+
+impl ContainerdSources {
+    /// containerd's namespaces.
+    pub(crate) async fn namespaces(&self) -> Result<Vec<String>, String> {
+        let r = containerd_client::services::v1::namespaces_client::NamespacesClient::new(
+            self.channel().await?,
+        )
+        .list(containerd_client::services::v1::ListNamespacesRequest {
+            filter: String::new(),
+        })
+        .await
+        .map_err(|s| format!("containerd namespace list: {}", s.message()))?;
+        Ok(r.into_inner()
+            .namespaces
+            .into_iter()
+            .map(|n| n.name)
+            .collect())
     }
 }
 

@@ -4,7 +4,8 @@
 use super::*;
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
-use crate::remote::{MountedLayer, LABEL_CRI_IMAGE_REF, LABEL_CRI_LAYER_DIGEST};
+use crate::remote::contest::{ClaimSource, ImageClaims};
+use crate::remote::{MountedLayer, Verdict, LABEL_CRI_IMAGE_REF, LABEL_CRI_LAYER_DIGEST};
 use parking_lot::Mutex;
 use std::collections::HashSet;
 
@@ -26,6 +27,9 @@ struct Fake {
     quarantined: Mutex<HashSet<String>>,
     /// (reference, manifest) of every mount request.
     requests: Mutex<Vec<(String, Option<String>)>>,
+    /// What a verification of a layer concludes (absent: verified); every layer verified.
+    verify_to: Mutex<HashMap<String, Verdict>>,
+    verified: Mutex<Vec<String>>,
 }
 
 impl Fake {
@@ -64,6 +68,25 @@ impl LayerProvider for Fake {
     fn release(&self, digest: &Digest) -> Result<(), RemoteError> {
         self.released.lock().push(digest.to_string());
         Ok(())
+    }
+    fn verdict(&self, digest: &Digest) -> Option<Verdict> {
+        self.quarantined
+            .lock()
+            .contains(digest.as_str())
+            .then(|| Verdict::Quarantined("diff_id mismatch".into()))
+    }
+    async fn verify(&self, digest: &Digest) -> Result<Verdict, RemoteError> {
+        self.verified.lock().push(digest.to_string());
+        let v = self
+            .verify_to
+            .lock()
+            .get(digest.as_str())
+            .cloned()
+            .unwrap_or(Verdict::Verified);
+        if matches!(v, Verdict::Quarantined(_)) {
+            self.quarantined.lock().insert(digest.to_string());
+        }
+        Ok(v)
     }
     fn quarantined(&self, digest: &Digest) -> Option<String> {
         self.quarantined
@@ -470,5 +493,115 @@ async fn a_layer_over_a_limit_fails_its_prepare() -> TestResult {
         s.stat("ns/1/extract").is_err(),
         "no ordinary snapshot either"
     );
+    Ok(())
+}
+
+/// Claims read from a fixed list.
+struct FixedClaims(Mutex<Vec<Arc<ImageClaims>>>);
+
+#[async_trait::async_trait]
+impl ClaimSource for FixedClaims {
+    async fn claims(&self) -> Result<Vec<Arc<ImageClaims>>, String> {
+        Ok(self.0.lock().clone())
+    }
+}
+
+/// EVIL (layer D3) claims GOOD's diff_id and is committed first. Alone it is used unchecked;
+/// once GOOD's manifest (layer D1, same diff_id) is among the claims, a Stat or a Prepare on
+/// top of EVIL's snapshot waits for D3's verification: a mismatch quarantines it and the call
+/// fails (FailedPrecondition, naming the layer), and from then on every call reaching it fails
+/// without another verification. An honest layer that verifies is used.
+#[tokio::test]
+async fn contested_snapshots_are_verified_before_use_and_quarantined_ones_refused() -> TestResult {
+    let d = tempfile::tempdir()?;
+    let fake = Arc::new(Fake::default());
+    let good = Digest::sha256(b"good diff");
+    fake.claims.lock().insert(D3.into(), good.clone());
+    let claims = Arc::new(FixedClaims(Mutex::new(vec![Arc::new(
+        ImageClaims::new("sha256:evilm", &[D3.to_string()], &[good.to_string()]).unwrap(),
+    )])));
+    let s = svc(d.path(), Some(fake.clone())).with_claims(claims.clone());
+    let r = s
+        .prepare("default/1/extract", "", remote_labels(good.as_str(), D3))
+        .await;
+    assert!(matches!(r, Err(SnapshotError::RemoteCommitted(_))));
+    let key = good.to_string();
+    // Not contested: no verification.
+    s.stat_checked(&key).await?;
+    s.check_parent(&key).await?;
+    assert!(fake.verified.lock().is_empty());
+    // GOOD's manifest arrives: contested. A layer that verifies is used.
+    claims.0.lock().push(Arc::new(
+        ImageClaims::new("sha256:goodm", &[D1.to_string()], &[good.to_string()]).unwrap(),
+    ));
+    s.stat_checked(&key).await?;
+    assert_eq!(*fake.verified.lock(), vec![D3.to_string()]);
+    // One that does not is quarantined: Stat and Prepare on top fail, loudly.
+    fake.verify_to
+        .lock()
+        .insert(D3.into(), Verdict::Quarantined("diff_id mismatch".into()));
+    let e = s.stat_checked(&key).await.unwrap_err();
+    assert!(matches!(e, SnapshotError::Quarantined { .. }), "{e}");
+    assert!(
+        e.to_string().contains(D3) && e.to_string().contains("quarantined"),
+        "{e}"
+    );
+    assert_eq!(
+        crate::grpc::status_of(&e).code(),
+        tonic::Code::FailedPrecondition
+    );
+    let e = s
+        .prepare("default/2/container", &key, HashMap::new())
+        .await
+        .unwrap_err();
+    assert!(matches!(e, SnapshotError::Quarantined { .. }), "{e}");
+    assert_eq!(
+        fake.verified.lock().len(),
+        2,
+        "a quarantined layer is not verified again"
+    );
+    assert!(s
+        .counters()
+        .render()
+        .contains("weenv_contested_snapshots_total 2"));
+    // Without the contest check (to measure the attack) the same call is let through.
+    let d2 = tempfile::tempdir()?;
+    let s2 = svc(d2.path(), Some(Arc::new(Fake::default())))
+        .with_claims(claims)
+        .with_trust(TrustSection {
+            check_contested: false,
+            ..Default::default()
+        });
+    let r = s2
+        .prepare("default/1/extract", "", remote_labels(good.as_str(), D3))
+        .await;
+    assert!(matches!(r, Err(SnapshotError::RemoteCommitted(_))));
+    s2.stat_checked(&key).await?;
+    Ok(())
+}
+
+/// `trust.lazy_sources`: an image from another repository takes the ordinary path.
+#[tokio::test]
+async fn images_outside_lazy_sources_take_the_ordinary_path() -> TestResult {
+    let d = tempfile::tempdir()?;
+    let fake = Arc::new(Fake::default());
+    fake.claims.lock().insert(D1.into(), Digest::sha256(b"x"));
+    let s = svc(d.path(), Some(fake.clone())).with_trust(TrustSection {
+        lazy_sources: vec!["127.0.0.1:1/trusted".into()],
+        ..Default::default()
+    });
+    let m = s
+        .prepare(
+            "ns/1/e",
+            "",
+            remote_labels(Digest::sha256(b"x").as_str(), D1),
+        )
+        .await?;
+    assert_eq!(m[0].kind, "bind", "an ordinary snapshot");
+    assert!(fake.mounted.lock().is_empty());
+    assert!(s
+        .counters()
+        .render()
+        .contains("outcome=\"untrusted_source\"} 1"));
     Ok(())
 }
