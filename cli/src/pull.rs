@@ -718,7 +718,6 @@ async fn prepare_layer(
             crate::trust::remove_chain(c, snapshotter, chain, layer.digest.as_str(), &why).await?
         }
     }
-    let key = format!("extract-weenv-{}-{} {chain}", unique(), i);
     let labels = layer_labels(
         chain,
         &src.reference.to_string(),
@@ -726,11 +725,50 @@ async fn prepare_layer(
         &src.manifest,
         layer_digests,
     );
-    match c.prepare(snapshotter, &key, parent, labels).await {
-        Err(s) if s.code() == Code::AlreadyExists => {
-            debug!(layer = %layer.digest, chain, "remote snapshot");
-            Ok(Outcome::Lazy)
+    let mut replaced = false;
+    let (key, prepared) = loop {
+        let key = format!("extract-weenv-{}-{} {chain}", unique(), i);
+        match c.prepare(snapshotter, &key, parent, labels.clone()).await {
+            // The snapshotter committed a remote snapshot, or containerd already has the chain
+            // (a concurrent pull, or a quarantined chain its Stat hides): which one, checked.
+            Err(s) if s.code() == Code::AlreadyExists => {
+                let why = match crate::trust::existing_chain(
+                    c,
+                    snaps,
+                    snapshotter,
+                    chain,
+                    layer.digest.as_str(),
+                )
+                .await?
+                {
+                    crate::trust::Existing::Usable => {
+                        debug!(layer = %layer.digest, chain, "remote snapshot");
+                        return Ok(Outcome::Lazy);
+                    }
+                    crate::trust::Existing::Absent => {
+                        "containerd has the chain but the snapshotter hides it (a quarantined lazy layer)"
+                            .to_string()
+                    }
+                    crate::trust::Existing::Replace(why) => why,
+                };
+                if replaced {
+                    return Err(PullError::Contested {
+                        chain: chain.to_string(),
+                        layer: layer.digest.to_string(),
+                        bound: String::new(),
+                        why,
+                        hint: "the chain came back after it was replaced; retry the pull".into(),
+                    });
+                }
+                crate::trust::remove_chain(c, snapshotter, chain, layer.digest.as_str(), &why)
+                    .await?;
+                replaced = true;
+            }
+            other => break (key, other),
         }
+    };
+    match prepared {
+        Err(s) if s.code() == Code::AlreadyExists => Ok(Outcome::Lazy),
         Err(s) => Err(ctd("snapshot prepare")(s)),
         Ok(mounts) => {
             let applied = apply_layer(registry, c, &src.reference, layer, mounts)

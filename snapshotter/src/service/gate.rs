@@ -4,8 +4,9 @@
 //! `Stat(chainID)` first), so the snapshotter cannot refuse the reuse itself; it can refuse or
 //! hold the calls that reach the snapshot afterwards. For the snapshot a call names and every
 //! ancestor of it:
-//! - a remote snapshot whose layer is quarantined: the call fails (`Quarantined`, gRPC
-//!   FailedPrecondition) — an image unpack stops with the reason, a container is not created;
+//! - a remote snapshot whose layer is quarantined: a Prepare or View on it fails
+//!   (`Quarantined`, gRPC FailedPrecondition): no container is created on it; a Stat of it
+//!   answers NotFound (see [`SnapshotService::stat_checked`]);
 //! - an unverified remote snapshot whose chain another image in containerd's content store
 //!   claims with another layer ([`crate::remote::contest`]): the call waits until the layer
 //!   is fetched in full and checked (ahead of the background fill); verified, it proceeds (the
@@ -17,7 +18,7 @@
 use super::{SnapshotError, SnapshotService};
 use crate::remote::contest::contest;
 use crate::remote::{Verdict, LABEL_TARGET};
-use crate::store::SnapshotRecord;
+use crate::store::{SnapshotRecord, StoreError};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 use tracing::{info, warn};
@@ -25,12 +26,42 @@ use weenv_format::Digest;
 
 impl SnapshotService {
     /// Snapshot `key` (Stat), after the gate passed it and its ancestors.
+    ///
+    /// A quarantined remote snapshot is NotFound to `Stat`: containerd's metadata Stats every
+    /// snapshot of a namespace to list it (`ctr snapshots ls`, CRI's usage sync) and skips
+    /// NotFound ones, where any other error would fail the whole listing. An unpack of it then
+    /// fails (containerd finds the chain in its own metadata: "already exists"), and a Prepare
+    /// or View on it fails with the reason. The Stat whose contest check quarantines the layer
+    /// fails with the reason itself.
     pub async fn stat_checked(&self, key: &str) -> Result<super::Info, SnapshotError> {
         let rec = self.store.get(key)?;
-        let mut recs = self.chain(&rec.parent)?;
+        if let Some(reason) = self.quarantine_of(&rec) {
+            tracing::debug!(
+                key,
+                reason,
+                "Stat of a quarantined remote snapshot: NotFound"
+            );
+            return Err(StoreError::NotFound(format!("{key} (quarantined lazy layer)")).into());
+        }
+        // Ancestors: held while contested; a quarantined one does not hide this snapshot
+        // (its Prepares and Views fail).
+        let mut recs: Vec<SnapshotRecord> = self
+            .chain(&rec.parent)?
+            .into_iter()
+            .filter(|r| self.quarantine_of(r).is_none())
+            .collect();
         recs.insert(0, rec.clone());
         self.gate(&recs).await?;
         Ok(rec)
+    }
+
+    /// Why remote snapshot `r`'s layer is quarantined, if it is one and is.
+    fn quarantine_of(&self, r: &SnapshotRecord) -> Option<String> {
+        let d = r.remote.as_ref()?.digest.parse::<Digest>().ok()?;
+        match self.layers.as_ref()?.verdict(&d)? {
+            Verdict::Quarantined(reason) => Some(reason),
+            _ => None,
+        }
     }
 
     /// The gate for a new snapshot on `parent` (Prepare, View).

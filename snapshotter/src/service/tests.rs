@@ -550,6 +550,13 @@ async fn contested_snapshots_are_verified_before_use_and_quarantined_ones_refuse
         crate::grpc::status_of(&e).code(),
         tonic::Code::FailedPrecondition
     );
+    // Later Stats: NotFound (containerd's listings skip it); Prepares on it fail loudly.
+    let e = s.stat_checked(&key).await.unwrap_err();
+    assert_eq!(
+        crate::grpc::status_of(&e).code(),
+        tonic::Code::NotFound,
+        "{e}"
+    );
     let e = s
         .prepare("default/2/container", &key, HashMap::new())
         .await
