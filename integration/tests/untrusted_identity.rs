@@ -17,15 +17,12 @@ mod untrusted_common;
 
 use anyhow::{bail, ensure, Context, Result};
 use snapshotter_common::*;
-use std::io::Read;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 use untrusted_common::*;
 use weenv_integration::containerd::{Containerd, ContainerdOptions};
-use weenv_integration::images::{self, OciImage};
-use weenv_integration::registry::LocalRegistry;
-use weenv_integration::util::{require_root_and_bins, E2E_FUSE_BINS};
-use weenv_registry::{Bytes, Client, Reference};
+use weenv_integration::images::OciImage;
+use weenv_registry::Client;
 
 /// Pushes LIAR: busybox's own tar (the diff_id GOOD claims is true) whose TOC says
 /// `/etc/weenv` is setuid.

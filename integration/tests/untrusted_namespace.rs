@@ -17,6 +17,7 @@
 //!   steps show EVIL's text in GOOD's container: the attack the gate stops.
 //! - `trust.lazy_sources` without EVIL's repository: EVIL is never lazy (containerd unpacks it
 //!   and refuses its diff_id), GOOD is lazy and right.
+//!
 //! The exposure window (EVIL's commit → quarantine, with and without a contest) is printed.
 
 mod snapshotter_common;
