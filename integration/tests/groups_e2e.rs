@@ -10,6 +10,7 @@
 
 use anyhow::{ensure, Context, Result};
 mod snapshotter_common;
+mod untrusted_common;
 
 use std::path::{Path, PathBuf};
 use weenv_converter::group::{create_group, GroupReport, GroupSource, GroupSpec};
@@ -455,6 +456,19 @@ async fn weenv_run(
     out: &Path,
     cmd: &[&str],
 ) -> Result<weenv_cli::run::RunReport> {
+    weenv_run_with(p, ctd, None, plan, name, out, cmd).await
+}
+
+/// [`weenv_run`] with the daemon's endpoint (verifications of contested chains).
+async fn weenv_run_with(
+    p: &Published,
+    ctd: &Containerd,
+    daemon: Option<&snapshotter_common::Daemon>,
+    plan: &str,
+    name: &str,
+    out: &Path,
+    cmd: &[&str],
+) -> Result<weenv_cli::run::RunReport> {
     std::fs::create_dir_all(out)?;
     let plan_path = p.tmp.path().join(format!("{name}.toml"));
     std::fs::write(&plan_path, plan)?;
@@ -477,7 +491,10 @@ async fn weenv_run(
         stdio: weenv_cli::run::stdio::StdioMode::Output,
         cache_dir: p.tmp.path().join("resolve-cache"),
         policy: ResolvePolicy::default(),
-        daemon: None,
+        daemon: daemon
+            .map(|d| d.status_addr.parse())
+            .transpose()?
+            .map(weenv_snapshotter_api::config::ListenAddr::Tcp),
     };
     let rep = weenv_cli::run::run_plan(&p.client, &o).await?;
     println!(
@@ -619,6 +636,51 @@ async fn weenv_run_composes_on_the_node_without_registry_writes() -> Result<()> 
     ensure!(
         reqs.is_empty(),
         "a stack of layers already on the node reached the registry: {reqs:#?}"
+    );
+    Ok(())
+}
+
+/// Issue 24 through `weenv run`: an image whose config claims the diff_id of the base group's
+/// first layer (busybox files instead of Debian's), pulled lazily first in the same namespace,
+/// holds that chain; `weenv run` of the plan must not build on it: the CLI has the daemon
+/// verify the chain's layer (quarantined), replaces the chain, and the environment runs on
+/// the real base (reward 1; on EVIL's layer python would be missing).
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs root, containerd, runc, fuse, docker-registry, skopeo, umoci, weenv-snapshotter"]
+async fn weenv_run_never_builds_on_a_forged_base_layer() -> Result<()> {
+    require_root_and_bins(E2E_BINS)?;
+    let p = publish_groups().await?;
+    let (daemon, ctd) = snapshotter_common::lazy_stack(&p.tmp.path().join("snap"), &p.host)?;
+    let base: weenv_registry::Reference = format!("{}/weenv/base:1", p.host).parse()?;
+    let (m, _) = p
+        .client
+        .get_image_manifest(
+            &base,
+            "linux",
+            &weenv_registry::manifest::host_platform().architecture,
+            None,
+        )
+        .await?;
+    let config: serde_json::Value =
+        serde_json::from_slice(&p.client.get_blob(&base, &m.config.digest).await?)?;
+    let d1 = config["diffIds"][0]
+        .as_str()
+        .context("the base group's config names no diff_id")?
+        .to_string();
+    let evil = format!("{}/tenant/evil:1", p.host);
+    let evil_layer =
+        untrusted_common::push_claiming(&p.client, &images::busybox()?, &evil, &d1).await?;
+    let out = daemon.pull(ctd.address(), ctd.namespace(), &evil)?;
+    ensure!(out.contains("(1 lazy"), "EVIL pulled lazily: {out}");
+    let out1 = p.tmp.path().join("out-forged");
+    weenv_run_with(&p, &ctd, Some(&daemon), &p.plan("1"), "forged", &out1, &[])
+        .await
+        .map_err(|e| e.context(format!("daemon log:\n{}", daemon.log())))?;
+    check_run(&out1, 1)?;
+    ensure!(daemon.metric("weenv_layer_quarantined_total")? == 1);
+    ensure!(
+        daemon.log().contains("layer quarantined") && daemon.log().contains(&evil_layer),
+        "EVIL's layer was not verified and quarantined"
     );
     Ok(())
 }

@@ -160,3 +160,52 @@ pub async fn good_image() -> Result<Good> {
 }
 
 pub const CAT: &[&str] = &["/bin/cat", "/etc/weenv"];
+
+/// Pushes `dest`: one weenv layer made of busybox's tar with another `/etc/weenv`, under an
+/// image config that claims `diff_id` for it (another image's layer). Returns the layer digest.
+pub async fn push_claiming(
+    cl: &Client,
+    img: &OciImage,
+    dest: &str,
+    diff_id: &str,
+) -> Result<String> {
+    let tar = replace_file(&layout_layer_tar(img)?, "etc/weenv", EVIL_TEXT.as_bytes())?;
+    let mut blob = Vec::new();
+    let sum = weenv_format::write_layer(&tar[..], &mut blob, &Default::default())?;
+    let digest = weenv_format::Digest::sha256(&blob);
+    let mut annotations = weenv_format::descriptor_annotations(&sum);
+    weenv_format::snapshot_labels::add_snapshot_annotations(&digest, &mut annotations);
+    let host = weenv_registry::manifest::host_platform();
+    let config = serde_json::to_vec(&serde_json::json!({
+        "architecture": host.architecture,
+        "os": "linux",
+        "rootfs": {"type": "layers", "diff_ids": [diff_id]},
+        "config": {},
+    }))?;
+    let cd = weenv_format::Digest::sha256(&config);
+    let manifest = serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {
+            "mediaType": "application/vnd.oci.image.config.v1+json",
+            "digest": cd.to_string(),
+            "size": config.len(),
+        },
+        "layers": [{
+            "mediaType": "application/vnd.oci.image.layer.v1.tar+zstd",
+            "digest": digest.to_string(),
+            "size": blob.len(),
+            "annotations": annotations,
+        }],
+    });
+    let rd: Reference = dest.parse()?;
+    cl.push_blob(&rd, &digest, Bytes::from(blob)).await?;
+    cl.push_blob(&rd, &cd, Bytes::from(config)).await?;
+    cl.push_manifest(
+        &rd,
+        Bytes::from(serde_json::to_vec(&manifest)?),
+        "application/vnd.oci.image.manifest.v1+json",
+    )
+    .await?;
+    Ok(digest.to_string())
+}

@@ -75,7 +75,8 @@ pub trait ClaimSource: Send + Sync + 'static {
 }
 
 /// [`ClaimSource`] over containerd's content store: every namespace, each manifest and config
-/// read once (cached by manifest digest, `None` for a manifest that is not an image's).
+/// read once (cached by manifest digest, `None` for a manifest that claims nothing; one whose
+/// blobs are not readable yet is read again on the next call).
 pub struct ContainerdClaims {
     sources: Arc<ContainerdSources>,
     cache: parking_lot::Mutex<HashMap<String, Option<Arc<ImageClaims>>>>,
@@ -89,16 +90,23 @@ impl ContainerdClaims {
         }
     }
 
-    /// The claims of manifest `md` in `namespace` (content store only; verified bytes).
-    async fn read(&self, namespace: &str, md: &Digest) -> Option<Arc<ImageClaims>> {
+    /// The claims of manifest `md` in `namespace` (content store only; verified bytes):
+    /// `Some(None)` for a manifest that claims nothing (not an image manifest, no diff_ids,
+    /// counts that differ: final), `None` when a blob is not readable (yet: a pull writes the
+    /// manifest before the config; asked again next time).
+    async fn read(&self, namespace: &str, md: &Digest) -> Option<Option<Arc<ImageClaims>>> {
         let get = |d: Digest| async move {
             let b = self.sources.blob(namespace, &d, LOCAL_BLOB_MAX).await?;
             verified(&d, b)
         };
-        let m: ImageManifest = serde_json::from_slice(&get(md.clone()).await?).ok()?;
-        let diff_ids = config_diff_ids(&get(m.config.digest.clone()).await?).ok()?;
+        let Ok(m) = serde_json::from_slice::<ImageManifest>(&get(md.clone()).await?) else {
+            return Some(None);
+        };
+        let Ok(diff_ids) = config_diff_ids(&get(m.config.digest.clone()).await?) else {
+            return Some(None);
+        };
         let layers: Vec<String> = m.layers.iter().map(|l| l.digest.to_string()).collect();
-        ImageClaims::new(md.as_str(), &layers, &diff_ids).map(Arc::new)
+        Some(ImageClaims::new(md.as_str(), &layers, &diff_ids).map(Arc::new))
     }
 }
 
@@ -115,7 +123,9 @@ impl ClaimSource for ContainerdClaims {
                         let Ok(md) = m.digest.parse::<Digest>() else {
                             continue;
                         };
-                        let c = self.read(&ns, &md).await;
+                        let Some(c) = self.read(&ns, &md).await else {
+                            continue; // not readable yet: not cached
+                        };
                         let mut cache = self.cache.lock();
                         if cache.len() >= IMAGE_CACHE_ENTRIES {
                             cache.clear();
