@@ -1,6 +1,7 @@
 //! The plain FUSE session (`fuse.plain_session`): layers without xattrs are served at
-//! `<mountpoint>-plain/<hex>`, where GETXATTR, LISTXATTR and OPEN are answered ENOSYS once
-//! and the kernel stops sending them; layers with xattrs stay on the full session; overlayfs
+//! `<mountpoint>-plain/<hex>`, where GETXATTR and OPEN are answered ENOSYS once and the kernel
+//! stops sending them (LISTXATTR gets the empty list); layers with xattrs stay on the full
+//! session; overlayfs
 //! stacks lowers of both sessions.
 
 mod fuse_common;
@@ -119,9 +120,15 @@ fn plain_layers_are_served_without_xattr_and_open_requests() -> Result<()> {
         errno_of(xattr::get(&host, "user.x")) == Some(nix::libc::EOPNOTSUPP),
         "getxattr on the plain session should fail with EOPNOTSUPP"
     );
+    // Listing xattrs gives the empty list a disk filesystem gives (each listing is a request:
+    // they are rare), not an error.
+    ensure!(
+        xattr::list(p.join("usr/big"))?.next().is_none(),
+        "listxattr on the plain session should be an empty list"
+    );
     let (opens, xattrs) = (
         fx.metrics.fuse_op_count(FuseOp::Open),
-        fx.metrics.fuse_op_count(FuseOp::Getxattr) + fx.metrics.fuse_op_count(FuseOp::Listxattr),
+        fx.metrics.fuse_op_count(FuseOp::Getxattr),
     );
     let big = std::fs::read(p.join("usr/big"))?;
     ensure!(big == noise(7, 3 << 20), "usr/big has other bytes");
@@ -132,15 +139,13 @@ fn plain_layers_are_served_without_xattr_and_open_requests() -> Result<()> {
             errno_of(xattr::get(p.join("etc/secret"), "security.capability"))
                 == Some(nix::libc::EOPNOTSUPP)
         );
-        ensure!(errno_of(xattr::list(p.join("usr/big"))) == Some(nix::libc::EOPNOTSUPP));
     }
     ensure!(
         fx.metrics.fuse_op_count(FuseOp::Open) == opens,
         "OPEN reached the daemon again: {} after {opens}",
         fx.metrics.fuse_op_count(FuseOp::Open)
     );
-    let xattrs_now =
-        fx.metrics.fuse_op_count(FuseOp::Getxattr) + fx.metrics.fuse_op_count(FuseOp::Listxattr);
+    let xattrs_now = fx.metrics.fuse_op_count(FuseOp::Getxattr);
     ensure!(
         xattrs_now <= xattrs + 1,
         "xattr requests reached the daemon again: {xattrs_now} after {xattrs}"

@@ -269,7 +269,17 @@ pub async fn run(cfg: Config) -> Result<(), DaemonError> {
             )))
             .with_sources(s);
     }
-    let svc = Arc::new(svc);
+    let overlay = crate::mounts::OverlayFeatures::detect();
+    info!(
+        xino = overlay.xino,
+        "overlay mounts over layers on several filesystems get xino=on: {}",
+        if overlay.xino {
+            "yes"
+        } else {
+            "no (the kernel is older than 4.17: directories' st_ino differs from readdir's d_ino)"
+        }
+    );
+    let svc = Arc::new(svc.with_overlay(overlay));
     let (ok, failed) = svc.remount_all().await?;
     info!(remounted = ok, failed, "remote snapshots remounted");
     layers.serve()?;

@@ -113,6 +113,8 @@ pub enum LayerError {
     },
     #[error("layer {0} is not mounted")]
     NotFound(Digest),
+    #[error("layer {digest}: the FUSE session has numbered {max} layers, all its inode numbers overlayfs can map; restart the daemon without fuse.handover (a new session) to add more")]
+    TooManyLayers { digest: Digest, max: u32 },
     #[error("the layer store is shut down")]
     ShutDown,
     #[error(transparent)]
@@ -768,7 +770,13 @@ impl LayerStore {
             match g.slot_of.get(digest) {
                 Some(s) => (*s, false),
                 None => {
-                    let s = g.by_slot.len() as u32;
+                    let s = u32::try_from(g.by_slot.len())
+                        .ok()
+                        .filter(|s| *s < crate::fs::layer::MAX_SLOTS)
+                        .ok_or_else(|| LayerError::TooManyLayers {
+                            digest: digest.clone(),
+                            max: crate::fs::layer::MAX_SLOTS,
+                        })?;
                     g.slot_of.insert(digest.clone(), s);
                     g.by_slot.push(None);
                     (s, true)

@@ -3,7 +3,8 @@
 //!
 //! - no parents: `bind` of the snapshot's own `fs` dir, `rw,rbind` (active) or `ro,rbind` (view);
 //! - view with one parent: `bind` of the parent dir, `ro,rbind`;
-//! - otherwise `overlay` with `index=off` (+ `workdir=`, `upperdir=` when active) and
+//! - otherwise `overlay` with `index=off` (+ `xino=on` when the layers span filesystems and
+//!   the kernel has it, see [`OverlayFeatures`]; + `workdir=`, `upperdir=` when active) and
 //!   `lowerdir=` the parent chain's dirs, nearest parent first.
 //!
 //! Parent dirs are plain directories, FUSE layer directories or native trees of complete
@@ -70,6 +71,68 @@ pub fn native_lower(
     layers?.native_path(&d).filter(|p| p.is_dir())
 }
 
+/// Linux 4.17 added overlayfs's `xino` option (`fs/overlayfs/super.c`, "xino=on|off|auto").
+const XINO_SINCE: (u32, u32) = (4, 17);
+
+/// Overlayfs options of the running kernel that mount specs use.
+///
+/// Why `xino=on`: when an overlay's layers live on more than one filesystem (FUSE lowers on
+/// one or two FUSE sessions, native trees or ordinary layers on the disk, the upper on the
+/// disk) and `xino` is off (this kernel's default: `xino_auto=N`), overlayfs reports a
+/// non-persistent inode number in `stat(2)` for every directory while `readdir` reports the
+/// real one (`d_ino != st_ino`), and gives non-directories one pseudo `st_dev` per underlying
+/// filesystem. With `xino=on` overlayfs puts a filesystem id into the top bits of each real
+/// inode number (`ovl_map_ino`, `ovl_map_dev_ino`; readdir remaps the same way), so `d_ino ==
+/// st_ino`, numbers are persistent and every object has the overlay's `st_dev`, as on
+/// containerd's overlayfs snapshotter where all layers share one filesystem. The top bits it
+/// takes are `ilog2(numfs - 1) + 2` once a lower is not a 32-bit-inode filesystem (FUSE): at
+/// most 10 for the 500 lowers overlayfs allows, so FUSE inode numbers stay below 2^54
+/// ([`crate::fs::layer::INO_BITS`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OverlayFeatures {
+    /// The kernel accepts `xino=on`.
+    pub xino: bool,
+}
+
+impl OverlayFeatures {
+    /// What a kernel of release `release` (`uname -r`, e.g. `6.18.44-fc-v1300`) supports; an
+    /// unparsable release gets nothing (the mount options of kernels before the feature).
+    pub fn for_release(release: &str) -> Self {
+        let mut parts = release
+            .split(|c: char| !c.is_ascii_digit())
+            .map(|p| p.parse::<u32>().ok());
+        let version = match (parts.next().flatten(), parts.next().flatten()) {
+            (Some(major), Some(minor)) => (major, minor),
+            _ => return Self::default(),
+        };
+        OverlayFeatures {
+            xino: version >= XINO_SINCE,
+        }
+    }
+
+    /// The running kernel's (`/proc/sys/kernel/osrelease`).
+    pub fn detect() -> Self {
+        std::fs::read_to_string("/proc/sys/kernel/osrelease")
+            .map(|r| Self::for_release(r.trim()))
+            .unwrap_or_default()
+    }
+
+    /// True if an overlay over `lowers` (and `upper` when active) should get `xino=on`: the
+    /// kernel has it and the layers are on more than one filesystem (device numbers, `None`
+    /// when a stat failed: counted as another filesystem). On one filesystem overlayfs uses
+    /// the real inode numbers anyway (and only logs that `xino=on` is useless). Pure.
+    pub fn xino_for(self, upper: Option<Option<u64>>, lowers: &[Option<u64>]) -> bool {
+        if !self.xino {
+            return false;
+        }
+        let mut devs = upper.into_iter().chain(lowers.iter().copied());
+        let Some(first) = devs.next() else {
+            return false;
+        };
+        first.is_none() || devs.any(|d| d.is_none() || d != first)
+    }
+}
+
 /// One mount, converted to containerd's `types.Mount` at the gRPC edge.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MountSpec {
@@ -86,18 +149,23 @@ pub enum Access {
 }
 
 /// Mounts for a snapshot with upper dir `upper`, work dir `work`, and parent dirs
-/// `parents` (nearest first).
+/// `parents` (nearest first); `xino`: add `xino=on` to an overlay (see
+/// [`OverlayFeatures::xino_for`]).
 pub fn mounts_for(
     access: Access,
     upper: &Path,
     work: &Path,
     parents: &[PathBuf],
+    xino: bool,
 ) -> Vec<MountSpec> {
     if parents.is_empty() {
         let ro = if access == Access::View { "ro" } else { "rw" };
         return vec![bind(upper, ro)];
     }
     let mut options = vec!["index=off".to_string()];
+    if xino {
+        options.push("xino=on".to_string());
+    }
     match access {
         Access::Active => {
             options.push(format!("workdir={}", work.display()));
@@ -219,7 +287,7 @@ mod tests {
 
     #[test]
     fn active_without_parent_is_rw_bind() {
-        let m = mounts_for(Access::Active, &p("/s/1/fs"), &p("/s/1/work"), &[]);
+        let m = mounts_for(Access::Active, &p("/s/1/fs"), &p("/s/1/work"), &[], true);
         assert_eq!(
             m,
             vec![MountSpec {
@@ -232,13 +300,14 @@ mod tests {
 
     #[test]
     fn view_shapes() {
-        let m = mounts_for(Access::View, &p("/s/2/fs"), &p("/s/2/work"), &[]);
+        let m = mounts_for(Access::View, &p("/s/2/fs"), &p("/s/2/work"), &[], false);
         assert_eq!(m[0].options, vec!["ro", "rbind"]);
         let m = mounts_for(
             Access::View,
             &p("/s/2/fs"),
             &p("/s/2/work"),
             &[p("/mnt/abc")],
+            true,
         );
         assert_eq!(
             (m[0].kind.as_str(), m[0].source.as_str()),
@@ -250,9 +319,18 @@ mod tests {
             &p("/s/2/fs"),
             &p("/s/2/work"),
             &[p("/a"), p("/b")],
+            false,
         );
         assert_eq!(m[0].kind, "overlay");
         assert_eq!(m[0].options, vec!["index=off", "lowerdir=/a:/b"]);
+        let m = mounts_for(
+            Access::View,
+            &p("/s/2/fs"),
+            &p("/s/2/work"),
+            &[p("/a"), p("/b")],
+            true,
+        );
+        assert_eq!(m[0].options, vec!["index=off", "xino=on", "lowerdir=/a:/b"]);
     }
 
     #[test]
@@ -262,6 +340,7 @@ mod tests {
             &p("/s/3/fs"),
             &p("/s/3/work"),
             &[p("/a"), p("/b")],
+            true,
         );
         assert_eq!(
             m,
@@ -270,11 +349,43 @@ mod tests {
                 source: "overlay".into(),
                 options: vec![
                     "index=off".into(),
+                    "xino=on".into(),
                     "workdir=/s/3/work".into(),
                     "upperdir=/s/3/fs".into(),
                     "lowerdir=/a:/b".into()
                 ]
             }]
         );
+    }
+
+    #[test]
+    fn xino_needs_the_kernel_option_and_layers_on_several_filesystems() {
+        let on = OverlayFeatures::for_release("6.18.44-fc-v1300");
+        assert!(on.xino);
+        assert!(OverlayFeatures::for_release("4.17.0").xino);
+        assert!(OverlayFeatures::for_release("5.10.0-28-amd64").xino);
+        assert!(!OverlayFeatures::for_release("4.16.18").xino);
+        assert!(!OverlayFeatures::for_release("3.10.0-1160.el7.x86_64").xino);
+        assert!(
+            !OverlayFeatures::for_release("").xino,
+            "unparsable: nothing"
+        );
+        assert!(!OverlayFeatures::for_release("six").xino);
+        // FUSE lowers (dev 40) under an upper on the disk (dev 8): on.
+        assert!(on.xino_for(Some(Some(8)), &[Some(40), Some(40)]));
+        // A native tree or ordinary layer on the upper's filesystem next to a FUSE lower: on.
+        assert!(on.xino_for(Some(Some(8)), &[Some(8), Some(40)]));
+        // Everything on the upper's filesystem (ordinary layers, native trees): the real
+        // inode numbers are consistent already.
+        assert!(!on.xino_for(Some(Some(8)), &[Some(8), Some(8)]));
+        // A view over lowers of one FUSE session: one filesystem.
+        assert!(!on.xino_for(None, &[Some(40), Some(40)]));
+        // The plain and the full session are two filesystems.
+        assert!(on.xino_for(None, &[Some(40), Some(41)]));
+        // A lower that could not be stat'ed is taken as another filesystem.
+        assert!(on.xino_for(Some(Some(8)), &[None]));
+        // A kernel without the option never gets it.
+        let off = OverlayFeatures::default();
+        assert!(!off.xino_for(Some(Some(8)), &[Some(40)]));
     }
 }

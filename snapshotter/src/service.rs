@@ -7,6 +7,7 @@
 
 use crate::mounts::{
     hold_natives, mounts_for, native_for_new, native_lower, release_native, Access, MountSpec,
+    OverlayFeatures,
 };
 use crate::remote::contest::ClaimSource;
 use crate::remote::identity::claim_fits_target;
@@ -166,6 +167,8 @@ pub struct SnapshotService {
     claims: Option<Arc<dyn ClaimSource>>,
     /// Which images may be lazy; contest checks.
     trust: TrustSection,
+    /// What the kernel's overlayfs supports (`xino`).
+    overlay: OverlayFeatures,
 }
 
 /// containerd's default namespace (a Prepare without the namespace header).
@@ -199,6 +202,7 @@ impl SnapshotService {
             sources: None,
             claims: None,
             trust: TrustSection::default(),
+            overlay: OverlayFeatures::detect(),
         })
     }
 
@@ -211,6 +215,12 @@ impl SnapshotService {
     /// The trust policy (`[trust]`).
     pub fn with_trust(mut self, trust: TrustSection) -> Self {
         self.trust = trust;
+        self
+    }
+
+    /// Mount specs for a kernel with `overlay` (default: the running kernel's).
+    pub fn with_overlay(mut self, overlay: OverlayFeatures) -> Self {
+        self.overlay = overlay;
         self
     }
 
@@ -333,7 +343,14 @@ impl SnapshotService {
             })
             .collect();
         let d = self.dir(rec.id);
-        Ok(mounts_for(access, &d.join("fs"), &d.join("work"), &parents))
+        let (upper, work) = (d.join("fs"), d.join("work"));
+        let dev = |p: &Path| std::fs::metadata(p).map(|m| m.dev()).ok();
+        let xino = self.overlay.xino
+            && self.overlay.xino_for(
+                (access == Access::Active).then(|| dev(&upper)),
+                &parents.iter().map(|p| dev(p)).collect::<Vec<_>>(),
+            );
+        Ok(mounts_for(access, &upper, &work, &parents, xino))
     }
 
     /// Snapshot `parent` and its ancestors, nearest first.

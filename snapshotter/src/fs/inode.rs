@@ -8,7 +8,10 @@
 //!   whiteout entry), the `.wh.*` entry itself is hidden;
 //! - `.wh..wh..opq` sets `trusted.overlay.opaque=y` on its directory and is hidden; other
 //!   `.wh..wh.*` (aufs metadata) are dropped;
-//! - missing parent directories are created implicitly (0755, root);
+//! - missing parent directories are created implicitly (0755, root), with the mtime of the
+//!   newest entry of the layer (containerd's unpack gives them the time of the unpack: both
+//!   are at least as new as anything in them, and never 1970; this one is a pure function of
+//!   the TOC, so the FUSE view, the native tree and a restarted daemon agree);
 //! - a later entry with the same path replaces an earlier one (a directory entry over a
 //!   directory only updates its metadata);
 //! - hardlinks share the node of their target (`nlink` counts the names).
@@ -57,6 +60,8 @@ const NONE: u32 = u32::MAX;
 /// Record flags.
 const WHITEOUT: u8 = 1;
 const OPAQUE: u8 = 2;
+/// A directory no TOC entry describes (a missing parent, or the root).
+const IMPLICIT: u8 = 4;
 /// Bits 4..7 of the flags: the [`EntryKind`] a whiteout entry had in the TOC.
 const WH_KIND_SHIFT: u8 = 4;
 /// Tar headers start on 512-byte blocks.
@@ -128,6 +133,8 @@ pub struct LayerTable {
     xattrs: HashMap<u32, Xattrs>,
     /// Entries that could not be represented (dangling hardlinks, paths under non-dirs).
     pub skipped: Vec<String>,
+    /// The mtime implicit directories show: the newest mtime of the layer's entries.
+    implicit_mtime: i64,
 }
 
 /// A view of one node.
@@ -170,14 +177,19 @@ impl<'a> Node<'a> {
     }
 
     pub fn mtime(&self) -> i64 {
-        self.r.mtime
+        if self.r.flags & IMPLICIT != 0 {
+            self.t.implicit_mtime
+        } else {
+            self.r.mtime
+        }
     }
 
     pub fn mtime_nsec(&self) -> u32 {
         self.t.nsecs.get(&self.id).copied().unwrap_or(0)
     }
 
-    /// File size (regular files), target length (symlinks), 4096 (dirs).
+    /// File size (regular files), target length (symlinks), the size ext4 would give
+    /// (dirs, [`ext4_dir_size`]).
     pub fn size(&self) -> u64 {
         if self.is_whiteout() {
             0
@@ -282,7 +294,7 @@ impl<'a> Node<'a> {
     pub fn blocks(&self) -> u64 {
         match self.kind() {
             NodeKind::File => self.size().div_ceil(4096) * 8,
-            NodeKind::Dir => 8,
+            NodeKind::Dir => self.size() / 512,
             _ => 0,
         }
     }
@@ -304,7 +316,7 @@ impl LayerTable {
             nlink: 2,
             perm: 0o755,
             kind: NodeKind::Dir,
-            flags: 0,
+            flags: IMPLICIT,
         })?;
         for e in &toc.entries {
             b.add_entry(e)?;
@@ -601,7 +613,8 @@ impl<'a> Builder<'a> {
                 Some(n) if self.kind(n) == NodeKind::Dir => n,
                 Some(_) => return Ok(None),
                 None => {
-                    let r = self.new_rec(NodeKind::Dir, cur);
+                    let mut r = self.new_rec(NodeKind::Dir, cur);
+                    r.flags |= IMPLICIT;
                     self.insert_child(cur, c, r)?
                 }
             };
@@ -647,6 +660,7 @@ impl<'a> Builder<'a> {
         r.perm = (e.mode & 0o7777) as u16;
         r.owner = owner;
         r.mtime = e.mtime;
+        r.flags &= !IMPLICIT;
         r.header_block = match u32::try_from(e.header / TAR_BLOCK) {
             Ok(b) if e.header.is_multiple_of(TAR_BLOCK) && b != HEADER_IN_SIDE => b,
             _ => HEADER_IN_SIDE,
@@ -812,6 +826,13 @@ impl<'a> Builder<'a> {
     /// Packs the directory lists into the sorted dirent array and the name arena.
     fn finish(mut self) -> Result<LayerTable, TableError> {
         let mut t = std::mem::take(&mut self.t);
+        t.implicit_mtime = t
+            .recs
+            .iter()
+            .filter(|r| r.flags & IMPLICIT == 0)
+            .map(|r| r.mtime)
+            .max()
+            .unwrap_or(0);
         let mut dirs: Vec<(u32, Vec<(&str, u32)>)> = self.children.into_iter().collect();
         dirs.sort_unstable_by_key(|(d, _)| *d);
         let total: usize = dirs.iter().map(|(_, c)| c.len()).sum();
@@ -845,6 +866,7 @@ impl<'a> Builder<'a> {
             let r = &mut t.recs[dir as usize];
             r.first = first;
             r.count = small(kids.len() as u64, "directory entries")?;
+            r.size = ext4_dir_size(kids.iter().map(|(n, _)| n.len()));
         }
         t.recs.shrink_to_fit();
         t.chunks.shrink_to_fit();
@@ -857,6 +879,22 @@ impl<'a> Builder<'a> {
         t.xattrs.shrink_to_fit();
         Ok(t)
     }
+}
+
+/// The size ext4 gives a directory made by creating entries named `names` (lengths): one
+/// 4 KiB block while `.`, `..` and the entries fit in it linearly (8 bytes + the name rounded
+/// up to 4 each); beyond that ext4 turns it into an htree (a root block plus leaf blocks that
+/// split when full: about 3/4 full on average), so the estimate is `1 + ceil(4/3 · linear /
+/// 4 KiB)` blocks. The exact size of a large directory depends on the filesystem's hash seed
+/// (two ext4 unpacks differ too); what matters to programs is that it is not a constant.
+/// Pure.
+pub fn ext4_dir_size(names: impl Iterator<Item = usize>) -> u64 {
+    const BLOCK: u64 = 4096;
+    let linear: u64 = 24 + names.map(|n| (8 + n as u64 + 3) & !3).sum::<u64>();
+    if linear <= BLOCK {
+        return BLOCK;
+    }
+    BLOCK * (1 + (linear * 4).div_ceil(3 * BLOCK).max(2))
 }
 
 /// Linux `makedev` for the FUSE `rdev` field.
@@ -923,6 +961,50 @@ pub(crate) mod tests {
             "a/b/c.txt"
         );
         assert_eq!(t.node(a).unwrap().child(1).map(|c| c.0), Some("d"));
+    }
+
+    #[test]
+    fn implicit_dirs_take_the_newest_mtime_of_the_layer() {
+        let mut f = entry("x/y/f", EntryKind::File);
+        f.mtime = 1_700_000_500;
+        let mut old = entry("x/old", EntryKind::File);
+        old.mtime = 1_600_000_000;
+        let mut d = entry("z", EntryKind::Dir);
+        d.mtime = 1_500_000_000;
+        let t = build(vec![f, old, d, entry("z/k/l", EntryKind::File)]);
+        let mtime = |p: &str| t.node(t.resolve(p).unwrap()).unwrap().mtime();
+        // Implicit: the root, x, x/y, z/k; explicit ones keep their own.
+        for p in ["", "x", "x/y", "z/k"] {
+            assert_eq!(mtime(p), 1_700_000_500, "{p:?}");
+        }
+        assert_eq!(mtime("z"), 1_500_000_000);
+        assert_eq!(mtime("x/old"), 1_600_000_000);
+        // The rebuilt TOC entry of an implicit directory is still the zero entry.
+        assert_eq!(t.toc_entry(t.resolve("x").unwrap()).unwrap().mtime, 0);
+        // A directory entry after its children makes the directory explicit.
+        let mut late = entry("x", EntryKind::Dir);
+        late.mtime = 1_000;
+        let t = build(vec![entry("x/f", EntryKind::File), late]);
+        assert_eq!(t.node(t.resolve("x").unwrap()).unwrap().mtime(), 1_000);
+        assert_eq!(t.node(0).unwrap().mtime(), 1_700_000_000);
+    }
+
+    #[test]
+    fn directory_sizes_grow_like_ext4() {
+        assert_eq!(ext4_dir_size(std::iter::empty()), 4096);
+        // 24 + 255 · 16 = 4104 > 4096: an htree of a root and 2 leaves at least.
+        assert_eq!(ext4_dir_size(std::iter::repeat_n(8, 254)), 4096);
+        assert_eq!(ext4_dir_size(std::iter::repeat_n(8, 255)), 3 * 4096);
+        // 2,000 names of 20 bytes: 24 + 2000 · 28 = 56,024 linear bytes, 19 leaves + root.
+        assert_eq!(ext4_dir_size(std::iter::repeat_n(20, 2000)), 20 * 4096);
+        let entries: Vec<Entry> = (0..300)
+            .map(|i| entry(&format!("big/file-{i:04}"), EntryKind::File))
+            .collect();
+        let t = build(entries);
+        let big = t.node(t.resolve("big").unwrap()).unwrap();
+        assert_eq!(big.size(), ext4_dir_size(std::iter::repeat_n(9, 300)));
+        assert!(big.size() > 4096);
+        assert_eq!(t.node(0).unwrap().size(), 4096);
     }
 
     #[test]

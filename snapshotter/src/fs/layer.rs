@@ -3,7 +3,13 @@
 //! Inode numbers: `1` is the mount root (one directory per layer, named by digest hex);
 //! a layer in slot `s` (stable per digest for the life of the process) owns
 //! `((s + 1) << 32) | (node + 1)`, so its root directory is `((s + 1) << 32) | 1`. Numbers are
-//! stable while the daemon runs and never reused for another digest.
+//! stable while the daemon runs and never reused for another digest; with `fuse.handover`
+//! the keepers record every slot, so they stay the same across daemon restarts.
+//!
+//! Every number is below 2^[`INO_BITS`] (slots below [`MAX_SLOTS`]): overlayfs with `xino=on`
+//! (see [`crate::mounts::OverlayFeatures`]) puts its filesystem id into the top bits of a
+//! lower's inode numbers, and maps only numbers whose top bits are free; a number that uses
+//! them falls back to a non-persistent directory inode number, which readdir does not report.
 
 use super::inode::{LayerTable, TableError};
 use crate::fetch::{FillProgress, PrefetchProgress, RangeSource};
@@ -13,6 +19,28 @@ use weenv_format::{ChunkRef, Digest, Entry, FrameIdx, Toc};
 
 /// Inode number of the mount root.
 pub const ROOT_INO: u64 = 1;
+
+/// FUSE inode numbers use the low `INO_BITS` bits: overlayfs takes the top
+/// [`overlay_xino_bits`] bits, at most 10 (for [`OVL_MAX_STACK`] lowers on as many
+/// filesystems).
+pub const INO_BITS: u32 = 54;
+
+/// Layer slots a session can hand out: `(MAX_SLOTS << 32) | u32::MAX < 2^INO_BITS`.
+pub const MAX_SLOTS: u32 = (1 << (INO_BITS - 32)) - 1;
+
+/// Lower layers one overlay mount may have (`OVL_MAX_STACK`, `fs/overlayfs/params.h`).
+pub const OVL_MAX_STACK: u32 = 500;
+
+/// Top inode bits overlayfs takes with `xino=on` for an overlay whose layers lie on `numfs`
+/// filesystems (the upper's counted, present or not) when a lower is not a 32-bit-inode
+/// filesystem, as FUSE is: `ilog2(numfs - 1) + 2` (`ovl_get_layers`, Linux 5.7+; 4.17–5.6
+/// took one bit less). Pure.
+pub fn overlay_xino_bits(numfs: u32) -> u32 {
+    if numfs <= 1 {
+        return 0;
+    }
+    (numfs - 1).ilog2() + 2
+}
 
 /// FUSE inode number of `node` in layer slot `slot`.
 pub fn encode_ino(slot: u32, node: u32) -> u64 {
@@ -303,6 +331,26 @@ mod tests {
         assert_eq!(decode_ino(encode_ino(7, 123_456)), Some((7, 123_456)));
         assert_ne!(encode_ino(0, 0), ROOT_INO);
         assert_eq!(decode_ino(1 << 32), None);
+    }
+
+    #[test]
+    fn inode_numbers_leave_overlayfs_its_xino_bits() {
+        // An upper on the disk plus the full and the plain FUSE session: 3 bits.
+        assert_eq!(overlay_xino_bits(3), 3);
+        assert_eq!(overlay_xino_bits(2), 2, "upper + one FUSE session");
+        assert_eq!(overlay_xino_bits(5), 4);
+        // The most any overlay can take: every one of 500 lowers on its own filesystem.
+        let most = overlay_xino_bits(OVL_MAX_STACK + 1);
+        assert_eq!(most, 10);
+        assert!(INO_BITS + most <= 64);
+        // The largest number a session hands out fits below the bits overlayfs takes.
+        let top = encode_ino(MAX_SLOTS - 1, u32::MAX - 1);
+        assert!(top < 1u64 << INO_BITS, "{top:#x}");
+        assert_eq!(top >> (64 - most), 0);
+        assert_eq!(decode_ino(top), Some((MAX_SLOTS - 1, u32::MAX - 1)));
+        // The numbers are a pure function of (slot, node): what a keeper records is enough
+        // for a successor to hand the kernel the same numbers.
+        assert_eq!(encode_ino(3, 9), (4 << 32) | 10);
     }
 
     #[test]
