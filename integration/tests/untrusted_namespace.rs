@@ -225,6 +225,31 @@ async fn go_client_unpack_of_a_contested_chain_fails_loudly() -> Result<()> {
         "GOOD after EVIL's quarantine:\n{}",
         text(&o)
     );
+    drop(ctd);
+    drop(daemon);
+
+    // The same with trust.verify_on_commit: the layer is verified right after its commit.
+    let (daemon, ctd) = stack(&g, "eager", false, "verify_on_commit = true")?;
+    let t0 = Instant::now();
+    let o = stockrun_cat(&bin, &ctd, "default", &evil)?;
+    println!("EVIL's run with verify_on_commit: {}", text(&o).trim());
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while daemon.metric("weenv_layer_quarantined_total")? == 0 {
+        if Instant::now() > deadline {
+            bail!("EVIL not quarantined after its commit:\n{}", daemon.log());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    println!(
+        "exposure window without a contest, trust.verify_on_commit = true (fill off): EVIL \
+         quarantined {:.2} s after its pull started",
+        t0.elapsed().as_secs_f64()
+    );
+    ensure!(
+        daemon.log().contains("layer verified after its commit"),
+        "{}",
+        daemon.log()
+    );
     Ok(())
 }
 

@@ -568,6 +568,9 @@ impl SnapshotService {
         })?;
         info!(target = %req.target, digest = %req.digest, dir = %m.dir.display(),
             "remote snapshot committed");
+        if self.trust.verify_on_commit {
+            self.verify_in_background(&req.digest);
+        }
         Ok(true)
     }
 

@@ -33,6 +33,13 @@ pub struct TrustSection {
     /// attack it stops.
     #[serde(default = "default_true")]
     pub check_contested: bool,
+    /// Verify every newly committed remote layer at once: all its frames fetched at on-demand
+    /// priority (ahead of the background fill, which yields to the node's reads and busy CPU)
+    /// and its diff_id checked, so an image with false diff_ids is quarantined within its
+    /// download time even when nothing contests it. Costs the whole layer's bytes at pull time
+    /// (what a full pull fetches; the container still starts lazily). Default false.
+    #[serde(default)]
+    pub verify_on_commit: bool,
     /// Longest such hold, in seconds (then the call fails and may be retried; the verification
     /// goes on). Default 600; between 1 and 86400.
     #[serde(default = "default_verify_timeout_secs")]
@@ -54,6 +61,7 @@ impl Default for TrustSection {
         Self {
             lazy_sources: default_lazy_sources(),
             check_contested: true,
+            verify_on_commit: false,
             verify_timeout_secs: default_verify_timeout_secs(),
         }
     }

@@ -64,6 +64,24 @@ impl SnapshotService {
         }
     }
 
+    /// Starts the verification of layer `d` now (`trust.verify_on_commit`): its frames at
+    /// on-demand priority, then the diff_id check; the outcome is logged and persisted.
+    pub(super) fn verify_in_background(&self, d: &Digest) {
+        let Some(layers) = self.layers.clone() else {
+            return;
+        };
+        let d = d.clone();
+        tokio::spawn(async move {
+            let t0 = Instant::now();
+            match layers.verify(&d).await {
+                Ok(v) => info!(layer = %d, verdict = ?v, secs = t0.elapsed().as_secs_f64(),
+                    "layer verified after its commit (trust.verify_on_commit)"),
+                Err(e) => warn!(layer = %d, error = %e,
+                    "verification after commit failed; the background fill checks the layer later"),
+            }
+        });
+    }
+
     /// The gate for a new snapshot on `parent` (Prepare, View).
     pub async fn check_parent(&self, parent: &str) -> Result<(), SnapshotError> {
         if parent.is_empty() {
