@@ -30,6 +30,9 @@ step "rust-version covers Cargo.lock" scripts/check_msrv.py
 step "no unused dependencies" scripts/check_deps.sh
 step "cargo fmt --check" cargo fmt --all -- --check
 step "cargo clippy -D warnings" cargo clippy --workspace --all-targets -- -D warnings
+# The Python SDK: lint and format (its tests run against a real service in
+# integration/tests/envd_python.rs; deps from scripts/python_deps.sh).
+step "python ruff" sh -c 'cd python && ruff check . && ruff format --check .'
 test_log=$(mktemp)
 trap 'rm -f "$test_log"' EXIT
 run_tests() {

@@ -280,6 +280,7 @@ pub async fn run(cli: Cli) -> Result<()> {
                     annotations: a.annotations.into_iter().collect(),
                 },
                 cmd: a.cmd,
+                labels: Default::default(),
                 keep: a.keep,
                 stdio: crate::run::stdio::StdioMode::Inherit,
                 cache_dir: a

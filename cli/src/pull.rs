@@ -159,6 +159,8 @@ pub struct PullReport {
     /// Layers and bytes (compressed) by outcome.
     pub tally: Tally,
     pub seconds: f64,
+    /// The image config's bytes (JSON).
+    pub config_json: Vec<u8>,
 }
 
 /// containerd clients bound to one namespace and lease (shared with [`crate::run`]).
@@ -172,6 +174,11 @@ pub struct Ctd {
 }
 
 impl Ctd {
+    /// The containerd channel.
+    pub fn channel(&self) -> Channel {
+        self.ch.clone()
+    }
+
     pub fn new(ch: Channel, ns: &str) -> Ctd {
         Ctd {
             ch,
@@ -250,7 +257,8 @@ impl Ctd {
         }
     }
 
-    pub(crate) fn req<T>(&self, m: T) -> Request<T> {
+    /// A request carrying this client's namespace (and lease).
+    pub fn req<T>(&self, m: T) -> Request<T> {
         let mut r = Request::new(m);
         let md = r.metadata_mut();
         if let Ok(v) = self.ns.parse() {
@@ -554,8 +562,12 @@ async fn pull_leased(
             ),
         });
     }
-    c.write_content(manifest.config.digest.as_str(), cfg_bytes, BTreeMap::new())
-        .await?;
+    c.write_content(
+        manifest.config.digest.as_str(),
+        cfg_bytes.clone(),
+        BTreeMap::new(),
+    )
+    .await?;
     let sources = vec![
         LayerSource {
             reference: r.clone(),
@@ -574,6 +586,7 @@ async fn pull_leased(
     )
     .await?;
     report.manifest = mblob.digest.to_string();
+    report.config_json = cfg_bytes.to_vec();
     label_config_snapshot(c, &manifest, &opts.snapshotter, &report.top_chain_id).await?;
     c.write_content(
         mblob.digest.as_str(),

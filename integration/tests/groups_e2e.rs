@@ -487,6 +487,7 @@ async fn weenv_run_with(
         )],
         limits: Default::default(),
         cmd: cmd.iter().map(|s| s.to_string()).collect(),
+        labels: Default::default(),
         keep: false,
         stdio: weenv_cli::run::stdio::StdioMode::Output,
         cache_dir: p.tmp.path().join("resolve-cache"),

@@ -240,6 +240,7 @@ fn opts(
         )],
         limits: Default::default(),
         cmd: vec!["/bin/sh".into(), "-c".into(), LIST.into()],
+        labels: Default::default(),
         keep: false,
         stdio: weenv_cli::run::stdio::StdioMode::Output,
         cache_dir: e.tmp.path().join("cache"),

@@ -17,7 +17,8 @@ use containerd_client::services::v1::snapshots::RemoveSnapshotRequest;
 use containerd_client::services::v1::tasks_client::TasksClient;
 use containerd_client::services::v1::{
     container::Runtime, CloseIoRequest, Container, CreateContainerRequest, CreateTaskRequest,
-    DeleteContainerRequest, DeleteTaskRequest, KillRequest, StartRequest, WaitRequest,
+    DeleteContainerRequest, DeleteProcessRequest, DeleteTaskRequest, ExecProcessRequest,
+    KillRequest, StartRequest, WaitRequest,
 };
 use containerd_client::types::Mount;
 use std::collections::HashMap;
@@ -150,10 +151,15 @@ impl Lifecycle {
     }
 
     pub async fn start_task(&self, id: &str) -> Result<u32, PullError> {
+        self.start_process(id, "").await
+    }
+
+    /// `Tasks.Start` of the task (`exec_id` empty) or of one of its exec processes; its pid.
+    pub async fn start_process(&self, id: &str, exec_id: &str) -> Result<u32, PullError> {
         let r = TasksClient::new(self.c.ch.clone())
             .start(self.c.req(StartRequest {
                 container_id: id.to_string(),
-                exec_id: String::new(),
+                exec_id: exec_id.to_string(),
             }))
             .await
             .map_err(ctd("task start"))?;
@@ -162,10 +168,16 @@ impl Lifecycle {
 
     /// Wait until the task exits; its exit status.
     pub async fn wait_task(&self, id: &str) -> Result<u32, PullError> {
+        self.wait_process(id, "").await
+    }
+
+    /// Wait until the task (`exec_id` empty) or one of its exec processes exits; its exit
+    /// status.
+    pub async fn wait_process(&self, id: &str, exec_id: &str) -> Result<u32, PullError> {
         let r = TasksClient::new(self.c.ch.clone())
             .wait(self.c.req(WaitRequest {
                 container_id: id.to_string(),
-                exec_id: String::new(),
+                exec_id: exec_id.to_string(),
             }))
             .await
             .map_err(ctd("task wait"))?;
@@ -173,15 +185,64 @@ impl Lifecycle {
     }
 
     pub async fn kill_task(&self, id: &str, signal: u32) -> Result<(), PullError> {
+        self.kill_process(id, "", signal, false).await
+    }
+
+    /// Signal the task (`exec_id` empty; `all`: every process of the container) or one exec
+    /// process.
+    pub async fn kill_process(
+        &self,
+        id: &str,
+        exec_id: &str,
+        signal: u32,
+        all: bool,
+    ) -> Result<(), PullError> {
         TasksClient::new(self.c.ch.clone())
             .kill(self.c.req(KillRequest {
                 container_id: id.to_string(),
-                exec_id: String::new(),
+                exec_id: exec_id.to_string(),
                 signal,
-                all: false,
+                all,
             }))
             .await
             .map_err(ctd("task kill"))?;
+        Ok(())
+    }
+
+    /// `Tasks.Exec`: an extra process `exec_id` in the running task (what `ctr task exec`
+    /// does), from an OCI `Process` as an `Any`, with FIFO stdio; started by
+    /// [`Lifecycle::start_process`].
+    pub async fn exec_process(
+        &self,
+        id: &str,
+        exec_id: &str,
+        process: prost_types::Any,
+        io: &TaskStdio,
+    ) -> Result<(), PullError> {
+        TasksClient::new(self.c.ch.clone())
+            .exec(self.c.req(ExecProcessRequest {
+                container_id: id.to_string(),
+                exec_id: exec_id.to_string(),
+                stdin: io.stdin.clone(),
+                stdout: io.stdout.clone(),
+                stderr: io.stderr.clone(),
+                terminal: false,
+                spec: Some(process),
+            }))
+            .await
+            .map_err(ctd("task exec"))?;
+        Ok(())
+    }
+
+    /// `Tasks.DeleteProcess`: forget an exited exec process.
+    pub async fn delete_process(&self, id: &str, exec_id: &str) -> Result<(), PullError> {
+        TasksClient::new(self.c.ch.clone())
+            .delete_process(self.c.req(DeleteProcessRequest {
+                container_id: id.to_string(),
+                exec_id: exec_id.to_string(),
+            }))
+            .await
+            .map_err(ctd("task delete process"))?;
         Ok(())
     }
 
@@ -189,10 +250,15 @@ impl Lifecycle {
     /// holds one so the process does not see EOF between two writers), so the process reads
     /// EOF once what was written is drained — what `ctr run` does when its stdin ends.
     pub async fn close_stdin(&self, id: &str) -> Result<(), PullError> {
+        self.close_process_stdin(id, "").await
+    }
+
+    /// [`Lifecycle::close_stdin`] of the task or of one exec process.
+    pub async fn close_process_stdin(&self, id: &str, exec_id: &str) -> Result<(), PullError> {
         TasksClient::new(self.c.ch.clone())
             .close_io(self.c.req(CloseIoRequest {
                 container_id: id.to_string(),
-                exec_id: String::new(),
+                exec_id: exec_id.to_string(),
                 stdin: true,
             }))
             .await

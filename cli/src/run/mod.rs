@@ -30,6 +30,7 @@ use rootfs::{MountedRootfs, RootfsError};
 use spec::{
     build_spec, container_labels, parse_mount_spec, spec_any, SpecError, SpecInput, UserDb,
 };
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 use stdio::{StdioMode, TaskIo};
@@ -112,6 +113,8 @@ pub struct RunOptions {
     pub limits: Limits,
     /// Command (default: the image's entrypoint/cmd).
     pub cmd: Vec<String>,
+    /// Container labels added to those of the image config (e.g. a service's own state).
+    pub labels: HashMap<String, String>,
     /// Keep the container (and its stopped task) after the task exits.
     pub keep: bool,
     /// Where the task's stdio goes; [`StdioMode::Inherit`] also forwards SIGINT/SIGTERM to
@@ -273,6 +276,8 @@ pub struct ContainerRun<'a> {
     /// ctr-style mount specs.
     pub mounts: &'a [String],
     pub limits: &'a Limits,
+    /// Container labels added to the image config's.
+    pub labels: &'a HashMap<String, String>,
     /// At-init mutation and its patch bytes.
     pub mutation: Option<(&'a Mutation, Option<&'a [u8]>)>,
     pub stdio: StdioMode,
@@ -416,7 +421,11 @@ async fn create_leased(
             image: r.image.to_string(),
             snapshotter: r.snapshotter.to_string(),
             runtime: r.runtime.to_string(),
-            labels: container_labels(r.config),
+            labels: {
+                let mut l = container_labels(r.config);
+                l.extend(r.labels.iter().map(|(k, v)| (k.clone(), v.clone())));
+                l
+            },
             spec: spec_any(&spec)?,
         })
     })();
@@ -538,24 +547,59 @@ pub struct Started {
     pub layers: (usize, usize, usize),
 }
 
+/// A parsed plan, the directory its relative paths are read from, and optionally the patch of
+/// its at-init mutation given as bytes (a task's patch sent by a caller rather than a file
+/// beside the plan).
+#[derive(Clone, Debug)]
+pub struct PlanInput {
+    pub plan: Plan,
+    pub dir: PathBuf,
+    /// The mutation's patch bytes; `None`: the plan's `patch =` file or `blob =`.
+    pub patch: Option<Vec<u8>>,
+}
+
+impl PlanInput {
+    /// Read and parse the plan file `path` (relative patch paths: beside it).
+    pub fn load(path: &Path) -> Result<PlanInput, RunError> {
+        let text = std::fs::read_to_string(path).map_err(|source| RunError::Read {
+            path: path.to_path_buf(),
+            error: source,
+        })?;
+        let plan = Plan::parse(&text).map_err(|source| RunError::Plan {
+            path: path.to_path_buf(),
+            error: Box::new(source),
+        })?;
+        Ok(PlanInput {
+            plan,
+            dir: path.parent().unwrap_or(Path::new(".")).to_path_buf(),
+            patch: None,
+        })
+    }
+}
+
 /// Resolve the plan's groups, compose them on this node (content store + image record, no
 /// registry write unless `o.publish`), prepare the layers, create the container with the
-/// at-init mutation applied and start its task. The library call of `weenv run`.
+/// at-init mutation applied and start its task. The library call of `weenv run` (the plan
+/// read from `o.plan`).
 pub async fn compose_and_start(
     client: &Client,
     ch: tonic::transport::Channel,
     o: &RunOptions,
     tm: &mut Timings,
 ) -> Result<Started, RunError> {
-    let text = std::fs::read_to_string(&o.plan).map_err(|source| RunError::Read {
-        path: o.plan.clone(),
-        error: source,
-    })?;
-    let plan = Plan::parse(&text).map_err(|source| RunError::Plan {
-        path: o.plan.clone(),
-        error: Box::new(source),
-    })?;
+    let input = PlanInput::load(&o.plan)?;
+    compose_and_start_plan(client, ch, o, &input, tm).await
+}
 
+/// [`compose_and_start`] of a plan already parsed (`o.plan` is not read).
+pub async fn compose_and_start_plan(
+    client: &Client,
+    ch: tonic::transport::Channel,
+    o: &RunOptions,
+    input: &PlanInput,
+    tm: &mut Timings,
+) -> Result<Started, RunError> {
+    let plan = &input.plan;
     let t = Instant::now();
     let mut cache = ResolveCache::load(&o.cache_dir);
     let now = unix_secs(SystemTime::now());
@@ -565,7 +609,7 @@ pub async fn compose_and_start(
     }
     tm.record(Step::Resolve, t.elapsed());
     let t = Instant::now();
-    let composed = compose(&groups, &plan).map_err(PlanCmdError::from)?;
+    let composed = compose(&groups, plan).map_err(PlanCmdError::from)?;
     let config: ImageConfiguration = serde_json::from_slice(&composed.config_json)
         .map_err(|e| RunError::Config(e.to_string()))?;
     let compose_t = t.elapsed();
@@ -575,9 +619,7 @@ pub async fn compose_and_start(
         tm.record(Step::Publish, t.elapsed());
     }
 
-    let id =
-        o.id.clone()
-            .unwrap_or_else(|| format!("weenv-run-{}", std::process::id()));
+    let id = run_id(o);
     let mut c = Ctd::new(ch.clone(), &o.namespace).with_daemon(o.daemon.clone());
     let group_blobs = image::group_blobs(&groups, |d| cache.blob(d))?;
     let installed = image::store_and_prepare(
@@ -604,24 +646,57 @@ pub async fn compose_and_start(
     );
     let l = &installed.layers;
 
-    let plan_dir = o.plan.parent().unwrap_or(Path::new(".")).to_path_buf();
     // Read the patch before creating anything.
-    let patch = match plan.init_mutation() {
-        Some(m) => patch_bytes(client, m, &plan_dir, &o.image).await?,
-        None => None,
+    let patch = match (&input.patch, plan.init_mutation()) {
+        (Some(p), _) => Some(p.clone()),
+        (None, Some(m)) => patch_bytes(client, m, &input.dir, &o.image).await?,
+        (None, None) => None,
     };
+    let task = create_and_start(
+        ch,
+        o,
+        &id,
+        &config,
+        &l.top_chain_id,
+        plan.init_mutation().map(|m| (m, patch.as_deref())),
+        tm,
+    )
+    .await?;
+    Ok(Started {
+        task,
+        manifest_digest: composed.manifest_digest.to_string(),
+        layers: (l.remote_layers, l.applied_layers, l.present_layers),
+    })
+}
+
+fn run_id(o: &RunOptions) -> String {
+    o.id.clone()
+        .unwrap_or_else(|| format!("weenv-run-{}", std::process::id()))
+}
+
+/// [`create`] then [`Task::start`] (the container removed again if the start fails).
+async fn create_and_start(
+    ch: tonic::transport::Channel,
+    o: &RunOptions,
+    id: &str,
+    config: &ImageConfiguration,
+    parent: &str,
+    mutation: Option<(&Mutation, Option<&[u8]>)>,
+    tm: &mut Timings,
+) -> Result<Task, RunError> {
     let run = ContainerRun {
-        id: &id,
+        id,
         image: &o.image,
-        config: &config,
-        parent: &l.top_chain_id,
+        config,
+        parent,
         namespace: &o.namespace,
         snapshotter: &o.snapshotter,
         runtime: o.runtime.as_deref().unwrap_or(DEFAULT_RUNTIME),
         cmd: &o.cmd,
         mounts: &o.mounts,
         limits: &o.limits,
-        mutation: plan.init_mutation().map(|m| (m, patch.as_deref())),
+        labels: &o.labels,
+        mutation,
         stdio: o.stdio,
     };
     let mut task = create(ch, &run, tm).await?;
@@ -631,10 +706,48 @@ pub async fn compose_and_start(
         }
         return Err(e);
     }
+    Ok(task)
+}
+
+/// Pull the image `o.image` (as `weenv pull` does, into `o.snapshotter`: lazy for weenv
+/// layers), then create and start a container of it as [`compose_and_start`] does, with an
+/// optional at-init mutation (`mutation` and its patch bytes) applied into its rootfs.
+pub async fn pull_and_start(
+    client: &Client,
+    ch: tonic::transport::Channel,
+    o: &RunOptions,
+    mutation: Option<(&Mutation, &[u8])>,
+    tm: &mut Timings,
+) -> Result<Started, RunError> {
+    let t = Instant::now();
+    let opts = crate::pull::PullOptions {
+        namespace: o.namespace.clone(),
+        snapshotter: o.snapshotter.clone(),
+        platform: None,
+        image_name: None,
+        daemon: o.daemon.clone(),
+    };
+    let rep = crate::pull::pull(client, ch.clone(), &o.image, &opts, &|_| {}).await?;
+    tm.record(Step::Layers, t.elapsed());
+    let config: ImageConfiguration =
+        serde_json::from_slice(&rep.config_json).map_err(|e| RunError::Config(e.to_string()))?;
+    let id = run_id(o);
+    let mut o = o.clone();
+    o.image.clone_from(&rep.image);
+    let task = create_and_start(
+        ch,
+        &o,
+        &id,
+        &config,
+        &rep.top_chain_id,
+        mutation.map(|(m, p)| (m, Some(p))),
+        tm,
+    )
+    .await?;
     Ok(Started {
         task,
-        manifest_digest: composed.manifest_digest.to_string(),
-        layers: (l.remote_layers, l.applied_layers, l.present_layers),
+        manifest_digest: rep.manifest,
+        layers: (rep.remote_layers, rep.applied_layers, rep.present_layers),
     })
 }
 

@@ -35,6 +35,15 @@ pub struct TaskIo {
     copies: Vec<JoinHandle<std::io::Result<u64>>>,
     /// Fires when the stdin copy ended (EOF or error) and closed its end of the FIFO.
     stdin_done: Option<oneshot::Receiver<()>>,
+    /// FIFOs removed on drop ([`TaskIo::piped`]: not in a temp dir of their own).
+    files: Vec<PathBuf>,
+}
+
+/// This side's ends of a [`TaskIo::piped`] process's stdio.
+pub struct PipedEnds {
+    pub stdin: Option<pipe::Sender>,
+    pub stdout: pipe::Receiver,
+    pub stderr: pipe::Receiver,
 }
 
 fn fifo(dir: &Path, name: &str) -> std::io::Result<PathBuf> {
@@ -57,6 +66,7 @@ impl TaskIo {
                 keep: Vec::new(),
                 copies: Vec::new(),
                 stdin_done: None,
+                files: Vec::new(),
             });
         }
         let dir = tempfile::Builder::new().prefix("weenv-run-io-").tempdir()?;
@@ -93,6 +103,7 @@ impl TaskIo {
                 keep,
                 copies,
                 stdin_done: None,
+                files: Vec::new(),
             });
         }
         // stdin: a keep-alive reader lets the writer open now; a thread copies this process's
@@ -131,7 +142,53 @@ impl TaskIo {
             keep,
             copies,
             stdin_done: Some(done_rx),
+            files: Vec::new(),
         })
+    }
+
+    /// FIFO stdio whose other ends this side reads and writes itself (a service capturing a
+    /// process's output): `dir` holds the FIFOs (`<name>-stdout`, ...), kept until the
+    /// returned [`TaskIo`] drops. `stdin`: also a stdin FIFO, whose writer is returned (the
+    /// process sees EOF once it is dropped and `CloseIO` was sent).
+    pub fn piped(dir: &Path, name: &str, stdin: bool) -> std::io::Result<(TaskIo, PipedEnds)> {
+        let out = fifo(dir, &format!("{name}-stdout"))?;
+        let err = fifo(dir, &format!("{name}-stderr"))?;
+        let mut keep: Vec<Box<dyn Send>> = Vec::new();
+        let stdout = pipe::OpenOptions::new().open_receiver(&out)?;
+        keep.push(Box::new(pipe::OpenOptions::new().open_sender(&out)?));
+        let stderr = pipe::OpenOptions::new().open_receiver(&err)?;
+        keep.push(Box::new(pipe::OpenOptions::new().open_sender(&err)?));
+        let mut paths = TaskStdio {
+            stdin: String::new(),
+            stdout: out.display().to_string(),
+            stderr: err.display().to_string(),
+        };
+        let mut files = vec![out, err];
+        let writer = if stdin {
+            let inp = fifo(dir, &format!("{name}-stdin"))?;
+            keep.push(Box::new(pipe::OpenOptions::new().open_receiver(&inp)?));
+            let w = pipe::OpenOptions::new().open_sender(&inp)?;
+            paths.stdin = inp.display().to_string();
+            files.push(inp);
+            Some(w)
+        } else {
+            None
+        };
+        Ok((
+            TaskIo {
+                _dir: None,
+                paths,
+                keep,
+                copies: Vec::new(),
+                stdin_done: None,
+                files,
+            },
+            PipedEnds {
+                stdin: writer,
+                stdout,
+                stderr,
+            },
+        ))
     }
 
     /// Resolves when this side's stdin copy ended (`None` without stdin).
@@ -170,6 +227,9 @@ impl Drop for TaskIo {
     fn drop(&mut self) {
         for c in &self.copies {
             c.abort();
+        }
+        for f in &self.files {
+            let _ = std::fs::remove_file(f);
         }
     }
 }

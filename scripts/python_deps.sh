@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Installs the Python SDK (python/, editable) with its test deps (grpcio, protobuf, pytest,
+# pytest-asyncio, swe-rex, ruff, grpcio-tools) from PyPI into python3's environment.
+# Called by .ci/run; integration/tests/envd_python.rs needs it. Skips pip when all are there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if "$PY" -c 'import weenv, grpc, google.protobuf, pytest, pytest_asyncio, swerex, grpc_tools' 2>/dev/null \
+  && command -v ruff >/dev/null; then
+  echo "python_deps.sh: already installed"
+  exit 0
+fi
+"$PY" -m pip install --quiet --disable-pip-version-check --root-user-action=ignore -e "python[test,dev]"
