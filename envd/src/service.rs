@@ -245,6 +245,15 @@ impl Service {
                     if env.state().0 == EnvState::Deleted {
                         return;
                     }
+                    // The shim writes its reason as it ends the task: give it a moment.
+                    if status != 0 {
+                        for _ in 0..30 {
+                            if shim_cause(&me.cfg, &env.id).is_some() {
+                                break;
+                            }
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                        }
+                    }
                     let (s, cause) = me.exit_cause(&env.id, status);
                     set_state(&env, &me.events, s, cause);
                     for s in take_sessions(&env) {

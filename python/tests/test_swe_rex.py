@@ -54,7 +54,7 @@ async def drive(d: AbstractDeployment, scratch: str, local_dir: Path) -> list[ob
     await d.start()
     r = d.runtime
     obs: list[object] = [bool(await d.is_alive())]
-    await r.create_session(CreateBashSessionRequest(session="main"))
+    await r.create_session(CreateBashSessionRequest(session="main", startup_timeout=30))
     for c in SESSION_COMMANDS:
         o = await r.run_in_session(BashAction(command=c, session="main", check="silent"))
         obs.append((c, norm(o.output), o.exit_code))
@@ -76,7 +76,7 @@ async def drive(d: AbstractDeployment, scratch: str, local_dir: Path) -> list[ob
     o = await r.run_in_session(BashAction(command="echo after", session="main"))
     obs.append(norm(o.output))
     await r.close_session(CloseBashSessionRequest(session="main"))
-    await r.create_session(CreateBashSessionRequest(session="t"))
+    await r.create_session(CreateBashSessionRequest(session="t", startup_timeout=30))
     try:
         await r.run_in_session(BashAction(command="sleep 10", session="t", timeout=0.5))
     except CommandTimeoutError:
