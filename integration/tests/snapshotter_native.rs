@@ -14,13 +14,10 @@
 
 mod snapshotter_common;
 
-use anyhow::{bail, ensure, Context, Result};
+use anyhow::{bail, ensure, Result};
 use snapshotter_common::*;
-use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 use weenv_integration::containerd::{Containerd, ContainerdOptions};
-use weenv_integration::images::OciImage;
 
 /// The fourth layer: whiteout, opaque dir and the entry kinds the conformance check covers.
 fn extra_layer() -> Result<Vec<u8>> {
@@ -99,95 +96,6 @@ fn extra_layer() -> Result<Vec<u8>> {
     Ok(b.into_inner()?)
 }
 
-/// The python test image with [`extra_layer`] appended, as an OCI layout under `dir`.
-fn image_with_extra_layer(dir: &Path) -> Result<OciImage> {
-    let py = weenv_integration::images::python()?;
-    let layout = dir.join("oci");
-    let o = Command::new("cp")
-        .arg("-a")
-        .arg(&py.layout)
-        .arg(&layout)
-        .output()?;
-    ensure!(
-        o.status.success(),
-        "cp: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    let tar = dir.join("extra.tar");
-    std::fs::write(&tar, extra_layer()?)?;
-    let o = Command::new("umoci")
-        .args(["raw", "add-layer", "--image"])
-        .arg(format!("{}:{}", layout.display(), py.tag))
-        .arg(&tar)
-        .output()?;
-    ensure!(
-        o.status.success(),
-        "umoci raw add-layer: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    Ok(OciImage {
-        layout,
-        tag: py.tag,
-    })
-}
-
-/// The lowerdirs of the overlay mounted for task `id`'s rootfs.
-fn lowerdirs(id: &str) -> Result<Vec<String>> {
-    let mounts = std::fs::read_to_string("/proc/mounts")?;
-    let line = mounts
-        .lines()
-        .find(|l| l.starts_with("overlay ") && l.contains(&format!("/{id}/rootfs ")))
-        .with_context(|| format!("no overlay mount for {id} in /proc/mounts"))?;
-    let opts = line.split(' ').nth(3).unwrap_or("");
-    let lower = opts
-        .split(',')
-        .find_map(|o| o.strip_prefix("lowerdir="))
-        .context("overlay without lowerdir")?;
-    Ok(lower.split(':').map(str::to_string).collect())
-}
-
-/// Starts a detached container `id` of `image` on the weenv snapshotter, sleeping 10 min.
-fn start_sleeper(ctd: &Containerd, ns: &str, image: &str, id: &str) -> Result<()> {
-    let args = [
-        "run",
-        "-d",
-        "--snapshotter",
-        "weenv",
-        image,
-        id,
-        "sleep",
-        "600",
-    ];
-    let o = ctd.ctr_ns(ns, &args)?;
-    ensure!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    Ok(())
-}
-
-fn exec(ctd: &Containerd, ns: &str, id: &str, exec_id: &str, cmd: &[&str]) -> Result<String> {
-    let mut args = vec!["task", "exec", "--exec-id", exec_id, id];
-    args.extend_from_slice(cmd);
-    let o = ctd.ctr_ns(ns, &args)?;
-    if !o.status.success() {
-        bail!(
-            "exec in {id}: {}{}",
-            String::from_utf8_lossy(&o.stdout),
-            String::from_utf8_lossy(&o.stderr)
-        );
-    }
-    Ok(String::from_utf8_lossy(&o.stdout).into_owned())
-}
-
-/// (layers, native layers) from `weenv status --json`.
-fn native_layers(d: &Daemon) -> Result<(usize, usize)> {
-    let s: serde_json::Value = serde_json::from_str(&d.weenv(&["status", "--json"])?)?;
-    let layers = s["layers"].as_array().context("status has no layers")?;
-    let native = layers
-        .iter()
-        .filter(|l| l["native"].as_bool() == Some(true))
-        .count();
-    Ok((layers.len(), native))
-}
-
 const CHECKS: &str = "import os; print('debian_version', os.path.exists('/etc/debian_version')); \
      print('apt', sorted(os.listdir('/etc/apt'))); print(open('/native/b').read().strip())";
 
@@ -196,7 +104,11 @@ const CHECKS: &str = "import os; print('debian_version', os.path.exists('/etc/de
 async fn complete_layers_mount_native_trees() -> Result<()> {
     weenv_integration::util::require_root_and_bins(PYTHON_BINS)?;
     let tmp = tempfile::tempdir()?;
-    let img = image_with_extra_layer(tmp.path())?;
+    let img = image_with_layers(
+        tmp.path(),
+        &weenv_integration::images::python()?,
+        &[extra_layer()?],
+    )?;
     let reg = weenv_integration::registry::LocalRegistry::start(tmp.path())?;
     let gz = reg.push(&img, "native:gz")?;
     let weenv = format!("{}/native:weenv", reg.host());

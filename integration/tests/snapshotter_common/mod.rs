@@ -4,7 +4,7 @@
 
 #![allow(dead_code)]
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, ensure, Context, Result};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -436,3 +436,145 @@ for d, dirs, files in os.walk('/', topdown=True):
         out.append('%s %o %o %d %d %d %s %s %s' % (p, kind, stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid, size, extra, xs, link))
 sys.stdout.write('\n'.join(out) + '\n')
 "#;
+
+/// `base` with the layer tars `layers` appended (`umoci raw add-layer`), as an OCI layout
+/// under `dir`.
+pub fn image_with_layers(
+    dir: &Path,
+    base: &weenv_integration::images::OciImage,
+    layers: &[Vec<u8>],
+) -> Result<weenv_integration::images::OciImage> {
+    let layout = dir.join("oci");
+    let o = Command::new("cp")
+        .arg("-a")
+        .arg(&base.layout)
+        .arg(&layout)
+        .output()?;
+    ensure!(
+        o.status.success(),
+        "cp: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    for (i, layer) in layers.iter().enumerate() {
+        let tar = dir.join(format!("extra{i}.tar"));
+        std::fs::write(&tar, layer)?;
+        let o = Command::new("umoci")
+            .args(["raw", "add-layer", "--image"])
+            .arg(format!("{}:{}", layout.display(), base.tag))
+            .arg(&tar)
+            .output()?;
+        ensure!(
+            o.status.success(),
+            "umoci raw add-layer: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    Ok(weenv_integration::images::OciImage {
+        layout,
+        tag: base.tag.clone(),
+    })
+}
+
+/// The lowerdirs of the overlay mounted for task `id`'s rootfs, and its other options.
+pub fn overlay_options(id: &str) -> Result<(Vec<String>, Vec<String>)> {
+    let mounts = std::fs::read_to_string("/proc/mounts")?;
+    let line = mounts
+        .lines()
+        .find(|l| l.starts_with("overlay ") && l.contains(&format!("/{id}/rootfs ")))
+        .with_context(|| format!("no overlay mount for {id} in /proc/mounts"))?;
+    let opts: Vec<String> = line
+        .split(' ')
+        .nth(3)
+        .unwrap_or("")
+        .split(',')
+        .map(str::to_string)
+        .collect();
+    let lower = opts
+        .iter()
+        .find_map(|o| o.strip_prefix("lowerdir="))
+        .context("overlay without lowerdir")?;
+    let lower = lower.split(':').map(str::to_string).collect();
+    Ok((lower, opts))
+}
+
+/// The lowerdirs of the overlay mounted for task `id`'s rootfs.
+pub fn lowerdirs(id: &str) -> Result<Vec<String>> {
+    Ok(overlay_options(id)?.0)
+}
+
+/// Starts a detached container `id` of `image` on `snapshotter`, sleeping 10 min.
+pub fn start_sleeper_on(
+    ctd: &weenv_integration::containerd::Containerd,
+    ns: &str,
+    snapshotter: &str,
+    image: &str,
+    id: &str,
+) -> Result<()> {
+    let args = [
+        "run",
+        "-d",
+        "--snapshotter",
+        snapshotter,
+        image,
+        id,
+        "sleep",
+        "600",
+    ];
+    let o = ctd.ctr_ns(ns, &args)?;
+    ensure!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    Ok(())
+}
+
+/// Starts a detached container `id` of `image` on the weenv snapshotter, sleeping 10 min.
+pub fn start_sleeper(
+    ctd: &weenv_integration::containerd::Containerd,
+    ns: &str,
+    image: &str,
+    id: &str,
+) -> Result<()> {
+    start_sleeper_on(ctd, ns, "weenv", image, id)
+}
+
+/// `ctr task exec` of `cmd` in task `id`; its stdout.
+pub fn exec(
+    ctd: &weenv_integration::containerd::Containerd,
+    ns: &str,
+    id: &str,
+    exec_id: &str,
+    cmd: &[&str],
+) -> Result<String> {
+    let mut args = vec!["task", "exec", "--exec-id", exec_id, id];
+    args.extend_from_slice(cmd);
+    let o = ctd.ctr_ns(ns, &args)?;
+    if !o.status.success() {
+        bail!(
+            "exec in {id}: {}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&o.stdout).into_owned())
+}
+
+/// Kills and removes the containers `ids` (best effort).
+pub fn remove_containers(ctd: &weenv_integration::containerd::Containerd, ns: &str, ids: &[&str]) {
+    for id in ids {
+        let _ = ctd.ctr_ns(ns, &["task", "kill", "-s", "KILL", id]);
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    for id in ids {
+        let _ = ctd.ctr_ns(ns, &["task", "rm", "-f", id]);
+        let _ = ctd.ctr_ns(ns, &["container", "rm", id]);
+    }
+}
+
+/// (layers, native layers) from `weenv status --json`.
+pub fn native_layers(d: &Daemon) -> Result<(usize, usize)> {
+    let s: serde_json::Value = serde_json::from_str(&d.weenv(&["status", "--json"])?)?;
+    let layers = s["layers"].as_array().context("status has no layers")?;
+    let native = layers
+        .iter()
+        .filter(|l| l["native"].as_bool() == Some(true))
+        .count();
+    Ok((layers.len(), native))
+}
