@@ -9,7 +9,9 @@
 #   weenv          lazy pull of the composed environment (envs/TASK:HARNESS, the same content as
 #                  weenv groups) + the import, background fill off: what the import reads is
 #                  all that crosses the link (its working set)
-#   weenv, fill on the same with the daemon's default background fill; then, once the fill is
+#   weenv, fill on the same with the daemon's default background fill; the import again right
+#                  after (no settling: what the first read must come from the node; the
+#                  daemon's counts of that phase are printed); then, once the fill is
 #                  done and every layer switched to its native tree, the import again (a
 #                  second task on the same node, new mounts on native trees)
 #   weenv, profile the image with a start-up profile of the import attached (recorded once on
@@ -31,6 +33,7 @@
 # (release for the published numbers):
 #   cargo build --release -p weenv-snapshotter -p weenv-cli -p weenv-converter --bins
 #   WEENV_BIN=target/release integration/bench/harness_import.sh
+# BURN=N runs N busy loops in other processes for the whole run (a node whose CPUs are busy).
 # Env: RUNS (3), RATE (200mbit), LATENCY_MS (5), HARNESS (v2), TASK (first task of the workload),
 # CMD and PYTHON (the import and the interpreter that runs it, default /opt/harness/bin/python),
 # OVL=0 skips the overlayfs rows (then no floor and no bound), PROFILE=0 the profiled image.
@@ -108,6 +111,10 @@ wait_native() { # $1 = run dir: until the fill is done and every layer is on its
 }
 
 declare -A R
+if [ "${BURN:-0}" -gt 0 ]; then
+    for _ in $(seq "$BURN"); do sh -c 'while :; do :; done' & PIDS+=($!); done
+    log "$BURN busy loops running"
+fi
 if [ "$PROFILE" = 1 ]; then
     # The import's start-up profile: recorded once on a cold node (fill off), then attached.
     d="$W/run-record"; start_stack "$d" false; C="ctr -a $d/ctd.sock"
@@ -158,6 +165,14 @@ for i in $(seq "$RUNS"); do
     imp "$C" "--snapshotter weenv" "$WEENV" c1
     t1=$(now); b1=$(rx)
     rec fill_cold "$(echo "$t1 - $t0" | bc)"; rec fill_bytes "$((b1 - b0))"
+    # A second task right after the first (no settling: the fill is still running or paused):
+    # what the first one read must be served locally (the daemon's demand bytes, last run's
+    # printed).
+    "$BIN/weenv" --config "$d/snap.toml" metrics >"$W/m-next-before" 2>/dev/null || true
+    b0=$(rx); t0=$(now); imp "$C" "--snapshotter weenv" "$WEENV" c1b; t1=$(now); b1=$(rx)
+    "$BIN/weenv" --config "$d/snap.toml" metrics >"$W/m-next-after" 2>/dev/null || true
+    rec fill_next "$(echo "$t1 - $t0" | bc)"; rec fill_next_bytes "$((b1 - b0))"
+    python3 "$BENCH_DIR/phase_metrics.py" "$W/m-next-before" "$W/m-next-after" >"$W/next-phase" || true
     # A second task on the same node once the fill is done: new mounts on native trees.
     wait_native "$d"
     t0=$(now); imp "$C" "--snapshotter weenv" "$WEENV" c2; t1=$(now); rec native_again "$(echo "$t1 - $t0" | bc)"
@@ -195,6 +210,7 @@ row "weenv: lazy pull + import, cold (fill off)" "$(m weenv_cold)" "$(mb weenv_b
 row "  of which pull" "$(m weenv_pull)" ""
 row "weenv: lazy pull + import, cold (fill on)" "$(m fill_cold)" "$(mb fill_bytes)"
 [ "$PROFILE" = 1 ] && row "weenv: lazy pull + import, cold, start-up profile (fill off)" "$(m prof_cold)" "$(mb prof_bytes)"
+row "weenv: the import again right after (fill on, not settled)" "$(m fill_next)" "$(mb fill_next_bytes)"
 row "weenv: the import again (same node, fill off: FUSE lowers)" "$(m weenv_again)" ""
 row "weenv: the import again after the fill (native trees)" "$(m native_again)" ""
 if [ "$OVL" = 1 ]; then
@@ -203,6 +219,7 @@ if [ "$OVL" = 1 ]; then
 fi
 echo
 [ "$FAILS" = 0 ] || echo "$FAILS import(s) failed: their samples were dropped (see the log above)"
+[ -s "$W/next-phase" ] && echo "the daemon during the import right after (fill on, last run): $(cat "$W/next-phase")"
 echo "FUSE requests of the import run again on the fill-off node (last run; op, count, daemon ms):"
 awk '{printf "  %s %d (%.0f ms)", $1, $2, $3 / 1000} END {print ""}' "$W/ops-again"
 if [ -s "$W/link-prof" ]; then

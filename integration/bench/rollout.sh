@@ -41,6 +41,13 @@
 # background fill off (the weenv modes then read every byte on demand, on FUSE lowers);
 # RUN_FLAGS: extra `weenv run` flags for the plans modes (e.g. --timings: each step's time in
 # the environment's .err under OUT/logs).
+# WAVES="1 1 8": one iteration per number, that many environments in it, each wave starting
+# from the first environment (as REPEAT=1): a cold task, the same task again right after on
+# the same node (its image present, no settling), then a wave of 8 (overrides B and ITERS).
+# BURN=N: N busy loops in other processes for the whole run (a node whose CPUs are busy).
+# Per iteration (phases.tsv; weenv modes): what the daemon did, from `weenv metrics` before and
+# after (phase_metrics.py: registry requests, MB on demand / prefetch / fill, FUSE requests);
+# rollout_phases.py OUT prints the per-iteration table with the ratios to bundles.
 # Env: B (8), ITERS (3), MODES (all), RATE (200mbit), LATENCY_MS (5),
 #      OUT (/var/tmp/weenv-rollout-DATE: the TSVs, report, PNGs, logs/MODE/ of every env),
 #      SHIM_CPUS (0.125), SHIM_MEM (1073741824), CACHE (/var/tmp/weenv-workload).
@@ -48,6 +55,10 @@ set -euo pipefail
 
 B=${B:-8}
 ITERS=${ITERS:-3}
+WAVES=${WAVES:-}
+if [ -n "$WAVES" ]; then read -r -a WAVE <<<"$WAVES"; ITERS=${#WAVE[@]}; fi
+# Environments in iteration $1.
+wave_size() { if [ -n "$WAVES" ]; then echo "${WAVE[$(($1 - 1))]}"; else echo "$B"; fi; }
 MODES=${MODES:-"bundles bundles-lazy dynamic plans plans-profile plans-fixed plans-elastic"}
 RATE=${RATE:-200mbit}
 LATENCY_MS=${LATENCY_MS:-5}
@@ -93,9 +104,9 @@ log "registry at $REG, wheelhouse at $WHEELS ($RATE, +${LATENCY_MS} ms); plans i
 $PY env-layers "$WL" "$REG" plans >"$W/layers-plans"
 case " $MODES " in *" bundles-lazy "*) $PY env-layers "$WL" "$REG" bundles-weenv >"$W/layers-bundles-lazy" ;; esac
 
-# The environments of iteration $1: B (task, harness) pairs, round-robin over T x H.
+# The environments of iteration $1: $2 (task, harness) pairs, round-robin over T x H.
 pairs() {
-    python3 - "$WL" "$1" "$B" <<'EOF'
+    python3 - "$WL" "$1" "$2" <<'EOF'
 import json, sys
 w = json.load(open(sys.argv[1])); it, b = int(sys.argv[2]), int(sys.argv[3])
 ps = [(t["id"], h, t["expected_reward"]) for t in w["tasks"] for h in sorted(w["harnesses"])]
@@ -175,17 +186,24 @@ registry_total() { python3 -c 'import json,sys; print(json.load(open(sys.argv[1]
 
 printf 'mode\titer\tenv\ttask\tharness\tinit_s\ttask_s\treward\texpected\tfetched_bytes\tfill_bytes\tread_bytes\n' >"$OUT/envs.tsv"
 printf 'mode\titer\twall_s\tlink_bytes\tregistry_bytes\n' >"$OUT/iterations.tsv"
+printf 'mode\titer\tenvs\t%s\n' "$(python3 "$BENCH_DIR/phase_metrics.py" --keys | paste -sd '\t')" >"$OUT/phases.tsv"
+if [ "${BURN:-0}" -gt 0 ]; then
+    for _ in $(seq "$BURN"); do sh -c 'while :; do :; done' & PIDS+=($!); done
+    log "$BURN busy loops running"
+fi
 [ "${CPU_SAMPLE:-0}" = 1 ] && printf 'mode\titer\tprocess\tcpu_s\n' >"$OUT/cpu.tsv"
 fail=0
 for mode in $MODES; do
     [ "$mode" = plans-profile ] && [ ! -d "$W/plans-prof" ] && record_profiles
     d="$W/run-$mode"; drop_caches; start_stack "$d" "${FILL:-true}"
     for it in $(seq "$ITERS"); do
-        pairs "$([ "${REPEAT:-0}" = 1 ] && echo 1 || echo "$it")" >"$d/pairs-$it"
+        n=$(wave_size "$it")
+        pairs "$([ "${REPEAT:-0}" = 1 ] || [ -n "$WAVES" ] && echo 1 || echo "$it")" "$n" >"$d/pairs-$it"
         if [ "${SETTLE:-0}" = 1 ] && [ "$it" -gt 1 ] && weenv_mode "$mode"; then wait_native "$d"; fi
         if weenv_mode "$mode"; then
             "$BIN/weenv" --config "$d/snap.toml" profile --reset >/dev/null 2>&1 || true
             status_json "$d" >"$d/status-$it-before.json"
+            "$BIN/weenv" --config "$d/snap.toml" metrics >"$d/metrics-$it-before.prom" 2>/dev/null || true
         fi
         if [ "${CPU_SAMPLE:-0}" = 1 ]; then
             rm -f "$d/cpu-stop"; python3 "$BENCH_DIR/cpu_sample.py" "$d/cpu-stop" >"$d/cpu-$it.tsv" & CPU_PID=$!
@@ -207,13 +225,16 @@ for mode in $MODES; do
         wall=$(echo "$t1 - $t0" | bc); reg_bytes=NA
         if weenv_mode "$mode"; then
             status_json "$d" >"$d/status-$it-after.json"
+            "$BIN/weenv" --config "$d/snap.toml" metrics >"$d/metrics-$it-after.prom" 2>/dev/null || true
+            printf '%s\t%s\t%s\t%s\n' "$mode" "$it" "$n" \
+                "$(python3 "$BENCH_DIR/phase_metrics.py" --tsv "$d/metrics-$it-before.prom" "$d/metrics-$it-after.prom" | cut -f2 | paste -sd '\t')" >>"$OUT/phases.tsv"
             reg_bytes=$(( $(registry_total "$d/status-$it-after.json") - $(registry_total "$d/status-$it-before.json") ))
             $PY env-bytes "$(layers_of "$mode")" "$d/pairs-$it" "$d/status-$it-before.json" "$d/status-$it-after.json" >"$d/bytes-$it"
         else
-            for _ in $(seq "$B"); do echo NA NA NA; done >"$d/bytes-$it"
+            for _ in $(seq "$n"); do echo NA NA NA; done >"$d/bytes-$it"
         fi
         printf '%s\t%s\t%s\t%s\t%s\n' "$mode" "$it" "$wall" "$((b1 - b0))" "$reg_bytes" >>"$OUT/iterations.tsv"
-        for k in $(seq "$B"); do
+        for k in $(seq "$n"); do
             read -r tr te t h exp <"$d/env-$it-$k.meta"
             read -r fb fl rb < <(sed -n "${k}p" "$d/bytes-$it")
             st=$(awk '/^AGENT_START/{print $2}' "$d/env-$it-$k.out")
@@ -234,7 +255,7 @@ done
     printf 'B\t%s\nITERS\t%s\nRATE\t%s\nLATENCY_MS\t%s\ncores\t%s\n' "$B" "$ITERS" "$RATE" "$LATENCY_MS" "$(nproc)"
     printf 'bins\t%s\ndate\t%s\n' "$(basename "$BIN")" "$(date -u '+%Y-%m-%d %H:%M UTC')"
     printf 'uptime_before\t%s\nuptime_after\t%s\n' "${UPTIME_BEFORE##*load average: }" "$(uptime | sed 's/.*load average: //')"
-    printf 'command\tB=%s ITERS=%s MODES="%s" REPEAT=%s SETTLE=%s FILL=%s WEENV_BIN=%s integration/bench/rollout.sh\n' "$B" "$ITERS" "$MODES" "${REPEAT:-0}" "${SETTLE:-0}" "${FILL:-true}" "${WEENV_BIN:-target/debug}"
+    printf 'command\tB=%s ITERS=%s WAVES="%s" BURN=%s MODES="%s" REPEAT=%s SETTLE=%s FILL=%s WEENV_BIN=%s integration/bench/rollout.sh\n' "$B" "$ITERS" "$WAVES" "${BURN:-0}" "$MODES" "${REPEAT:-0}" "${SETTLE:-0}" "${FILL:-true}" "${WEENV_BIN:-target/debug}"
 } >"$OUT/meta.tsv"
 [ -f "$CACHE/out/table1.md" ] && cp "$CACHE/out/table1.md" "$OUT/table1.md"
 if [ -x "$BIN/examples/rollout_report" ]; then
@@ -242,5 +263,6 @@ if [ -x "$BIN/examples/rollout_report" ]; then
 else
     (cd "$ROOT" && cargo run -q -p weenv-integration --example rollout_report -- "$OUT") || fail=1
 fi
-log "report: $OUT/report.md"
+python3 "$BENCH_DIR/rollout_phases.py" "$OUT" | tee "$OUT/phases.md" || fail=1
+log "report: $OUT/report.md, per iteration: $OUT/phases.md"
 exit $fail

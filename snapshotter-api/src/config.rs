@@ -189,6 +189,11 @@ pub struct FillSection {
     /// layer store's (50).
     #[serde(default)]
     pub busy_cpu_percent: Option<u32>,
+    /// Percent of the time the fill still runs on a node that stays busy (a full pause is
+    /// followed by a window without pauses; 0 to 90, 0 = one request per full pause).
+    /// Default: the layer store's (25).
+    #[serde(default)]
+    pub busy_min_share_percent: Option<u32>,
     /// After a layer's fill, copy files of at least this many bytes out of the cache for
     /// passthrough (disk: their size again). Default: the layer store's (262144).
     #[serde(default)]
@@ -429,6 +434,7 @@ impl Default for FillSection {
             busy_ms: None,
             busy_max_pause_ms: None,
             busy_cpu_percent: None,
+            busy_min_share_percent: None,
             materialise_min_bytes: None,
             read_ahead_bytes: None,
             dir_prefetch_frames: None,
@@ -586,6 +592,12 @@ impl Config {
             return Err(invalid(
                 "fill.busy_cpu_percent",
                 "is a percentage of the node's CPU time: 0 (off) to 100",
+            ));
+        }
+        if self.fill.busy_min_share_percent.is_some_and(|p| p > 90) {
+            return Err(invalid(
+                "fill.busy_min_share_percent",
+                "is the fill's share of a busy node's time: 0 to 90",
             ));
         }
         if let Some(m) = &self.fuse.mountpoint {
@@ -806,6 +818,10 @@ mod tests {
         assert_eq!(
             field("version = 1\n[fill]\nbusy_cpu_percent = 101"),
             "fill.busy_cpu_percent"
+        );
+        assert_eq!(
+            field("version = 1\n[fill]\nbusy_min_share_percent = 91"),
+            "fill.busy_min_share_percent"
         );
         assert_eq!(
             field("version = 1\n[fuse]\nkeeper_socket = \"rel.sock\""),

@@ -157,6 +157,10 @@ pub fn layer_store_config(cfg: &Config) -> LayerStoreConfig {
                 busy_ms: cfg.fill.busy_ms.unwrap_or(d.busy_ms),
                 busy_max_pause_ms: cfg.fill.busy_max_pause_ms.unwrap_or(d.busy_max_pause_ms),
                 busy_cpu_percent: cfg.fill.busy_cpu_percent.unwrap_or(d.busy_cpu_percent),
+                busy_min_share_percent: cfg
+                    .fill
+                    .busy_min_share_percent
+                    .unwrap_or(d.busy_min_share_percent),
                 materialise_min_bytes: cfg
                     .fill
                     .materialise_min_bytes

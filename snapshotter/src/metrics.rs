@@ -125,6 +125,9 @@ pub struct Metrics {
     pub passthrough_opens: AtomicU64,
     /// CPU sampling intervals in which other processes kept the node busy (the fill paused).
     pub cpu_busy_intervals: AtomicU64,
+    /// Windows without pauses the fill got after a full pause (its minimum share of a busy
+    /// node, `fill.busy_min_share_percent`).
+    pub fill_share_windows: AtomicU64,
     /// Layers quarantined (their TOC disagreed with their tar, or their diff_id with the
     /// image's claim): reads of their files fail with EIO.
     pub layers_quarantined: AtomicU64,
@@ -166,6 +169,7 @@ impl Default for Metrics {
             read_bytes_served: AtomicU64::default(),
             passthrough_opens: AtomicU64::default(),
             cpu_busy_intervals: AtomicU64::default(),
+            fill_share_windows: AtomicU64::default(),
             layers_quarantined: AtomicU64::default(),
             header_checks: AtomicU64::default(),
             layers_verified: AtomicU64::default(),
@@ -237,7 +241,7 @@ impl Metrics {
     /// Prometheus text exposition (version 0.0.4), encoded by prometheus-client.
     pub fn render(&self) -> String {
         let mut e = Exposition::new();
-        let counters: [(&'static str, &'static str, &AtomicU64); 23] = [
+        let counters: [(&'static str, &'static str, &AtomicU64); 24] = [
             (
                 "weenv_fetch_bytes_on_demand_total",
                 "Compressed bytes fetched for on-demand reads.",
@@ -327,6 +331,11 @@ impl Metrics {
                 "weenv_fill_cpu_busy_intervals_total",
                 "CPU sampling intervals (250 ms) in which other processes used at least fill.busy_cpu_percent of the node's CPU time: the fill paused.",
                 &self.cpu_busy_intervals,
+            ),
+            (
+                "weenv_fill_share_windows_total",
+                "Windows without pauses the fill got after a pause of fill.busy_max_pause_ms (its minimum share of a busy node, fill.busy_min_share_percent).",
+                &self.fill_share_windows,
             ),
             (
                 "weenv_layer_quarantined_total",

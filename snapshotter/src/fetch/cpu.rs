@@ -14,7 +14,9 @@
 //!   buffered writes are written back by the kernel's flusher threads at their own priority.
 //! - **Busy pause**: before each fill request, the fill waits until no FUSE read came for
 //!   `busy_ms` ([`busy_wait`], pure; the daemon sees every read of a lazy layer), at most
-//!   `max_pause_ms` at a time (then one request goes: throttled, not starved).
+//!   `max_pause_ms` at a time; a pause that reached it opens a window in which the fill runs
+//!   unpaused (`min_share`, [`busy_step`]), so on a node that stays busy the fill still gets
+//!   that share of the time and completes its layers within a bounded time.
 //! - **Busy CPUs**: containers on a warm node read from the page cache or native trees, so no
 //!   FUSE read says they run. [`watch_cpu`] samples `/proc/stat` and `/proc/self/stat` every
 //!   250 ms; an interval in which other processes used at least `busy_cpu_percent` of the
@@ -40,6 +42,9 @@ pub struct CpuPolicy {
     pub busy: Duration,
     /// Longest single pause of the fill while reads keep coming.
     pub max_pause: Duration,
+    /// Percent of the time the fill runs while the node stays busy: a pause that lasted
+    /// `max_pause` is followed by `max_pause * min_share / (100 - min_share)` without pauses.
+    pub min_share: u32,
 }
 
 impl Default for CpuPolicy {
@@ -48,6 +53,7 @@ impl Default for CpuPolicy {
             priority: CpuPriority::Idle,
             busy: Duration::from_millis(500),
             max_pause: Duration::from_millis(5000),
+            min_share: 25,
         }
     }
 }
@@ -58,6 +64,51 @@ impl Default for CpuPolicy {
 pub fn busy_wait(now: Duration, last_read: Duration, waited: Duration, p: &CpuPolicy) -> Duration {
     let quiet_left = (last_read + p.busy).saturating_sub(now);
     quiet_left.min(p.max_pause.saturating_sub(waited))
+}
+
+/// The unpaused window a full pause (`max_pause`) earns: `max_pause * min_share /
+/// (100 - min_share)` (the fill then has `min_share` percent of a node that stays busy;
+/// zero for a share of 0, at most 9 × `max_pause` for shares of 90 and above). Pure.
+pub fn busy_window(p: &CpuPolicy) -> Duration {
+    let share = p.min_share.min(90);
+    p.max_pause * share / (100 - share)
+}
+
+/// What a fill request does before it is sent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BusyStep {
+    /// Go now.
+    Go,
+    /// Go now: the pause reached `max_pause`; requests go unpaused until this time (since
+    /// the store's start).
+    GoOpening(Duration),
+    /// Wait this long, then ask again.
+    Wait(Duration),
+}
+
+/// The fill's next step at `now` (the last sign of busy containers at `last_busy`, `waited`
+/// so far for this request, unpaused until `open_until`): inside an open window it goes;
+/// else it waits as [`busy_wait`] says, and a wait that reached `max_pause` opens a window of
+/// [`busy_window`]. Pure.
+pub fn busy_step(
+    now: Duration,
+    last_busy: Duration,
+    waited: Duration,
+    open_until: Duration,
+    p: &CpuPolicy,
+) -> BusyStep {
+    if now < open_until {
+        return BusyStep::Go;
+    }
+    let w = busy_wait(now, last_busy, waited, p);
+    if !w.is_zero() {
+        return BusyStep::Wait(w);
+    }
+    let still_busy = last_busy + p.busy > now;
+    match busy_window(p) {
+        win if still_busy && !win.is_zero() => BusyStep::GoOpening(now + win),
+        _ => BusyStep::Go,
+    }
 }
 
 /// CPU time counters, in clock ticks: the node's (every CPU) and this process's.
@@ -271,6 +322,7 @@ mod tests {
             priority: CpuPriority::Idle,
             busy: MS(500),
             max_pause: MS(5000),
+            min_share: 25,
         };
         assert_eq!(busy_wait(MS(10_000), MS(1000), MS(0), &p), MS(0), "quiet");
         assert_eq!(busy_wait(MS(10_000), MS(9800), MS(0), &p), MS(300));
@@ -280,6 +332,51 @@ mod tests {
             MS(0),
             "paused max_pause: one request goes"
         );
+    }
+
+    #[test]
+    fn a_full_pause_opens_a_window_that_gives_the_fill_its_share() {
+        let mut p = CpuPolicy {
+            priority: CpuPriority::Idle,
+            busy: MS(500),
+            max_pause: MS(6000),
+            min_share: 25,
+        };
+        assert_eq!(busy_window(&p), MS(2000), "25% of 6 + 2 s");
+        // Busy (a read 100 ms ago), waited 1 s: wait for quiet.
+        assert_eq!(
+            busy_step(MS(10_000), MS(9900), MS(1000), MS(0), &p),
+            BusyStep::Wait(MS(400))
+        );
+        // Waited the whole pause and still busy: go, and stay unpaused for 2 s.
+        assert_eq!(
+            busy_step(MS(10_000), MS(9900), MS(6000), MS(0), &p),
+            BusyStep::GoOpening(MS(12_000))
+        );
+        // Inside the window every request goes at once, however busy.
+        assert_eq!(
+            busy_step(MS(11_000), MS(11_000), MS(0), MS(12_000), &p),
+            BusyStep::Go
+        );
+        // After it, pauses again.
+        assert_eq!(
+            busy_step(MS(12_000), MS(12_000), MS(0), MS(12_000), &p),
+            BusyStep::Wait(MS(500))
+        );
+        // Quiet: go, no window needed.
+        assert_eq!(
+            busy_step(MS(20_000), MS(1000), MS(0), MS(0), &p),
+            BusyStep::Go
+        );
+        // Share 0: the old behaviour (one request per full pause).
+        p.min_share = 0;
+        assert_eq!(
+            busy_step(MS(10_000), MS(9900), MS(6000), MS(0), &p),
+            BusyStep::Go
+        );
+        // Shares are capped at 90%: the fill still pauses a tenth of the time.
+        p.min_share = 100;
+        assert_eq!(busy_window(&p), MS(54_000));
     }
 
     #[test]

@@ -50,6 +50,12 @@ pub struct FillConfig {
     pub busy_ms: u64,
     /// Longest single pause of the fill while FUSE reads keep coming (ms). Default: 5000.
     pub busy_max_pause_ms: u64,
+    /// Percent of the time the fill still runs on a node that stays busy: a pause that
+    /// lasted `busy_max_pause_ms` is followed by a window without pauses of
+    /// `busy_max_pause_ms * share / (100 - share)`, so a busy node completes its layers
+    /// within a bounded time (0: one request per full pause, which let a 700 MB image take
+    /// many minutes). Default: 25.
+    pub busy_min_share_percent: u32,
     /// An interval (250 ms) in which other processes used at least this share of the node's
     /// CPU time counts as a FUSE read for `busy_ms` (containers on a warm node read from
     /// the page cache or native trees); 0 = off. Default: 50.
@@ -118,6 +124,7 @@ impl Default for FillConfig {
             cpu_priority: CpuPriority::Idle,
             busy_ms: 500,
             busy_max_pause_ms: 5000,
+            busy_min_share_percent: 25,
             busy_cpu_percent: 50,
             rate_limit_bytes_per_sec: 0,
             quiet_ms: 1000,
@@ -244,6 +251,7 @@ impl From<&FillConfig> for CpuPolicy {
             priority: c.cpu_priority,
             busy: Duration::from_millis(c.busy_ms),
             max_pause: Duration::from_millis(c.busy_max_pause_ms),
+            min_share: c.busy_min_share_percent,
         }
     }
 }

@@ -27,7 +27,7 @@
 //!   (verified against the TOC by the tier) are cached like fetched ones, the rest are fetched
 //!   from the source as above.
 
-use super::cpu::{busy_wait, CpuPolicy, CpuPriority, Lowered};
+use super::cpu::{busy_step, BusyStep, CpuPolicy, CpuPriority, Lowered};
 use super::link::{Class, LinkPolicy, LinkScheduler, Promotion};
 use super::plan::{plan_fetch, PlanLimits, RangeRequest};
 use super::{FetchError, RangeSource};
@@ -94,6 +94,9 @@ pub struct FrameStore {
     /// Milliseconds after `started` of the last sign that the node's containers are busy: a
     /// FUSE read, or a CPU interval other processes kept busy.
     last_busy_ms: AtomicU64,
+    /// Milliseconds after `started` until which fill requests go unpaused (a pause reached
+    /// its maximum: the fill's minimum share, see [`busy_step`]).
+    open_until_ms: AtomicU64,
     last_log: LogLimit,
     started: Instant,
     /// Compressed bytes of the range requests in flight.
@@ -245,6 +248,7 @@ impl FrameStore {
             link: LinkScheduler::new(LinkPolicy::default()),
             cpu: CpuPolicy::default(),
             last_busy_ms: AtomicU64::new(0),
+            open_until_ms: AtomicU64::new(0),
             last_log: LogLimit::default(),
             started: Instant::now(),
             in_flight: AtomicU64::new(0),
@@ -299,18 +303,28 @@ impl FrameStore {
         self.last_busy_ms.fetch_max(now, Ordering::Relaxed);
     }
 
-    /// Waits while the node's containers read through weenv or keep its CPUs busy (see
-    /// [`busy_wait`]).
+    /// Waits while the node's containers read through weenv or keep its CPUs busy, but
+    /// leaves the fill its minimum share of a node that stays busy (see [`busy_step`]).
     pub async fn wait_not_busy(&self) {
+        let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
         let mut waited = Duration::ZERO;
         loop {
             let last = Duration::from_millis(self.last_busy_ms.load(Ordering::Relaxed));
-            let w = busy_wait(self.started.elapsed(), last, waited, &self.cpu);
-            if w.is_zero() {
-                return;
+            let open = Duration::from_millis(self.open_until_ms.load(Ordering::Relaxed));
+            match busy_step(self.started.elapsed(), last, waited, open, &self.cpu) {
+                BusyStep::Go => return,
+                BusyStep::GoOpening(until) => {
+                    self.open_until_ms.fetch_max(ms(until), Ordering::Relaxed);
+                    self.metrics
+                        .fill_share_windows
+                        .fetch_add(1, Ordering::Relaxed);
+                    return;
+                }
+                BusyStep::Wait(w) => {
+                    tokio::time::sleep(w).await;
+                    waited += w;
+                }
             }
-            tokio::time::sleep(w).await;
-            waited += w;
         }
     }
 
