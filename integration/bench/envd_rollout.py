@@ -93,7 +93,7 @@ class Run:
         self.a = a
         self.w = json.loads(Path(a.workload).read_text())
         self.tasks = {t["id"]: t for t in self.w["tasks"]}
-        self.client = AsyncClient(a.address)
+        self.client: AsyncClient
 
     def pairs(self) -> list[tuple[str, str, str]]:
         ps = [(t["id"], h, str(t["expected_reward"])) for t in self.w["tasks"]
@@ -275,6 +275,7 @@ class Run:
 
     async def main(self) -> dict:
         a = self.a
+        self.client = AsyncClient(a.address)  # inside the running loop
         out: dict = {"mode": a.mode, "iteration": a.iteration, "b": a.b, "turns": a.turns,
                      "think": [a.think_lo, a.think_hi]}
         t_req = time.monotonic()
