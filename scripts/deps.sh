@@ -13,6 +13,7 @@ WEENV_APT_PACKAGES=(
   zstd                # round-trip checks with the reference zstd tool
   debootstrap debian-archive-keyring gpgv  # Debian rootfs test image from the apt mirror
   iproute2
+  qemu-system-x86 e2fsprogs  # scripts/vm-cgroup2.sh: the cgroup v2 test VM (TCG), its disks built with mke2fs -d / read with debugfs
   stargz-snapshotter  # ctr-remote: eStargz comparison in the benchmark
   golang-go golang-github-containerd-containerd-dev  # integration/go/stockrun: containerd's Go client (nerdctl's calls), GOPATH mode, offline
   python3 pkg-config gcc ca-certificates curl openssl

@@ -4,7 +4,7 @@
 mod shim_common;
 
 use anyhow::Result;
-use shim_common::{code, stdout, ShimEnv, RUNTIME};
+use shim_common::{code, machine_cgroup_version, stdout, ShimEnv, RUNTIME};
 
 #[test]
 #[ignore = "needs root, containerd, runc, umoci"]
@@ -120,8 +120,14 @@ fn exec_kill_delete_and_task_ls() -> Result<()> {
     let ps = env.ctd.ctr_ok(&["task", "ps", "d1"])?;
     assert_eq!(ps.lines().count(), 2, "one process after execs ended: {ps}");
     let m = env.ctd.ctr_ok(&["task", "metrics", "d1"])?;
+    // ctr names the limit after the cgroup version's metrics type.
+    let limit = match machine_cgroup_version() {
+        "v1" => "memory.limit_in_bytes",
+        _ => "memory.usage_limit",
+    };
     assert!(
-        m.contains("memory.limit_in_bytes") && m.contains("67108864"),
+        m.lines()
+            .any(|l| l.split_whitespace().collect::<Vec<_>>() == [limit, "67108864"]),
         "{m}"
     );
     env.ctd.ctr_ok(&["task", "pause", "d1"])?;

@@ -393,6 +393,7 @@ impl ShimConfig {
                 scale_down_working_set: m.scale_down_working_set,
                 scale_down_window: Duration::from_secs_f64(m.scale_down_window_s),
                 oom_grace: Duration::from_millis(m.oom_grace_ms),
+                ceiling_working_set: m.v2_high_ratio.min(1.0),
             },
         }
     }

@@ -94,6 +94,8 @@ pub struct Monitor {
     oom_seen: Option<u64>,
     oom_new: bool,
     oom_total: u64,
+    /// OOM events the kernel reported while the memory limit was at its ceiling.
+    oom_at_ceiling: u64,
 }
 
 impl Monitor {
@@ -171,6 +173,7 @@ impl Monitor {
             oom_seen: None,
             oom_new: false,
             oom_total: 0,
+            oom_at_ceiling: 0,
             cfg,
         })
     }
@@ -197,8 +200,33 @@ impl Monitor {
         if let Some(n) = self.oom_seen.filter(|n| events > *n) {
             self.oom_new = true;
             self.oom_total += events - n;
+            if self
+                .current
+                .mem
+                .is_some_and(|t| t.value >= t.ceiling.max(t.initial))
+            {
+                self.oom_at_ceiling += events - n;
+            }
         }
         self.oom_seen = Some(events);
+    }
+
+    /// The readable reason when the kernel's OOM killer acted while the elastic memory
+    /// limit was at its ceiling (the top tier): on cgroup v2, which has no freeze at the
+    /// limit, the kernel can end the task before the shim's grace ends. Same cause as a
+    /// shim termination, so it is reported the same way (the caller sets the exit status).
+    pub fn oom_at_max_reason(&self) -> Option<String> {
+        let t = self.current.mem?;
+        (self.oom_at_ceiling > 0).then(|| {
+            format!(
+                "out of memory at the maximum memory tier: limit {} bytes reached its ceiling \
+                 and the kernel OOM-killed {} process(es) there (cgroup {}: no freeze at the \
+                 limit); raise io.weenv.memory.max or the node capacity",
+                t.value,
+                self.oom_at_ceiling,
+                self.io.version().as_str()
+            )
+        })
     }
 
     /// OOM events the kernel reported since the monitor started.

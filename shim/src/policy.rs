@@ -6,7 +6,8 @@
 //!   more than 80% of periods throttled quadruples it. After < 30% utilisation with < 1% throttled
 //!   for a whole 10 s window (all of it after the last change) the quota halves.
 //! - Memory: working set ≥ 60% of the limit, new reclaim/limit events, or PSI pressure
-//!   doubles the limit; an OOM emergency (v1 `under_oom`, new OOM events) quadruples it.
+//!   doubles the limit; an OOM emergency (v1 `under_oom`, new OOM events, or at the
+//!   ceiling a working set at the throttle line under new pressure) quadruples it.
 //!   After a working set < 20% of the limit for 60 s the limit halves.
 //! - Bounds: never below the initial request, never above `ceiling` (per-environment max,
 //!   capped by what the node ledger can give). An OOM emergency that persists for
@@ -36,7 +37,7 @@ pub struct Sample {
     pub mem_working_set: u64,
     /// Cumulative limit-hit/reclaim events (v1 `memory.failcnt`, v2 `memory.events` high+max).
     pub mem_pressure_events: u64,
-    /// Cumulative OOM events (v1 `oom_control oom_kill`, v2 `memory.events` oom+oom_kill).
+    /// Cumulative OOM events (v1 `oom_control oom_kill`, v2 `memory.events` max(oom, oom_kill)).
     pub oom_events: u64,
     /// v1 with `oom_kill_disable`: tasks are frozen at the limit right now.
     pub under_oom: bool,
@@ -65,6 +66,12 @@ pub struct MemPolicy {
     pub scale_down_window: Duration,
     /// How long an OOM emergency may persist at the ceiling before the task is terminated.
     pub oom_grace: Duration,
+    /// At the ceiling, a working set at or above this fraction of the limit with new
+    /// pressure (limit-hit/reclaim events or PSI) is an OOM emergency: nothing more can be
+    /// given, and on cgroup v2 (no freeze at the limit) `memory.high` would otherwise
+    /// throttle the task for as long as it takes to creep to `memory.max` and the OOM
+    /// killer. The shim sets it to `memory.v2_high_ratio`, the throttle line.
+    pub ceiling_working_set: f64,
 }
 
 /// All thresholds of the policy.
@@ -91,6 +98,7 @@ impl Default for Policy {
                 scale_down_working_set: 0.20,
                 scale_down_window: Duration::from_secs(60),
                 oom_grace: Duration::from_secs(1),
+                ceiling_working_set: 0.9,
             },
         }
     }
@@ -265,12 +273,15 @@ fn decide_mem(
     let prev = samples.len().checked_sub(2).map(|i| &samples[i]);
     let fresh_prev = prev.filter(|a| a.at >= t.changed_at);
     let oom_new = prev.map(|a| delta(a.oom_events, b.oom_events)).unwrap_or(0);
-    let emergency = b.under_oom || oom_new > 0;
     let limit = t.value.max(1) as f64;
     let ratio = b.mem_working_set as f64 / limit;
     let events = fresh_prev
         .map(|a| delta(a.mem_pressure_events, b.mem_pressure_events))
         .unwrap_or(0);
+    let psi = b.mem_psi_some_avg10.is_some_and(|v| v >= p.psi_some_avg10);
+    let at_ceiling = t.value >= t.ceiling.max(t.initial);
+    let pressed_at_ceiling = at_ceiling && ratio >= p.ceiling_working_set && (events > 0 || psi);
+    let emergency = b.under_oom || oom_new > 0 || pressed_at_ceiling;
     let up = if emergency {
         Some((4, Reason::OomEmergency))
     } else if ratio >= p.scale_up_working_set {

@@ -56,7 +56,8 @@ impl ShimEnv {
         })
     }
 
-    /// Annotations that keep this test's status and ledger private.
+    /// Annotations that keep this test's status and ledger private, and the sampling
+    /// interval ([`interval_ms`]).
     pub fn private_annotations(&self) -> Vec<String> {
         vec![
             format!(
@@ -67,7 +68,36 @@ impl ShimEnv {
                 "--annotation=io.weenv.ledger.dir={}",
                 self.ledger_dir.display()
             ),
+            format!("--annotation=io.weenv.interval_ms={}", interval_ms()),
         ]
+    }
+
+    /// Writes a shim config file (TOML body after `version = 1`, with this test's status
+    /// and ledger dirs) and returns the annotation that makes a container use it.
+    pub fn config_annotation(&self, name: &str, body: &str) -> Result<String> {
+        let cfg = self.ctd.dir().join(format!("{name}.toml"));
+        let dirs = format!(
+            "[monitor]\nstatus_dir = {:?}\ninterval_ms = {}\n",
+            self.status_dir.display().to_string(),
+            interval_ms()
+        );
+        let body = if body.contains("[node]") {
+            body.replacen(
+                "[node]",
+                &format!(
+                    "[node]\nledger_dir = {:?}",
+                    self.ledger_dir.display().to_string()
+                ),
+                1,
+            )
+        } else {
+            format!(
+                "{body}\n[node]\nledger_dir = {:?}\n",
+                self.ledger_dir.display().to_string()
+            )
+        };
+        std::fs::write(&cfg, format!("version = 1\n{dirs}{body}"))?;
+        Ok(format!("--annotation=io.weenv.config={}", cfg.display()))
     }
 
     /// `ctr run --runtime weenv [flags] image id cmd...` (not detached unless `-d` in flags).
@@ -100,6 +130,32 @@ impl ShimEnv {
     /// The recorded quota changes of a container (may be empty).
     pub fn changes(&self, id: &str) -> Result<Vec<serde_json::Value>> {
         read_changes(&self.status_path(id).join("changes.jsonl"))
+    }
+}
+
+/// The shim's sampling interval in these tests: `$WEENV_TEST_INTERVAL_MS`, default 200 (the
+/// shim's default). Timing bounds are multiples of it, so a slow machine (an emulated VM)
+/// can run the same assertions with a longer interval.
+pub fn interval_ms() -> u64 {
+    std::env::var("WEENV_TEST_INTERVAL_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(200)
+}
+
+/// The cgroup version this machine gives containers, from the kernel's mounts (the same
+/// rule as the shim's detection, read independently): `v1` when a v1 `memory` hierarchy is
+/// mounted, else `v2`. The elastic tests assert that the shim used this version.
+pub fn machine_cgroup_version() -> &'static str {
+    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+    let v1_memory = mounts.lines().any(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        f.len() > 3 && f[2] == "cgroup" && f[3].split(',').any(|o| o == "memory")
+    });
+    if v1_memory {
+        "v1"
+    } else {
+        "v2"
     }
 }
 

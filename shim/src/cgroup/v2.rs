@@ -78,7 +78,9 @@ impl CgroupIo for V2 {
         let inactive = f.with(MEM_STAT, |_, t| Ok(keyed(t, "inactive_file").unwrap_or(0)))?;
         let (high, max, oom) = f.with(MEM_EVENTS, |_, t| {
             let ev = |k| keyed(t, k).unwrap_or(0);
-            Ok((ev("high"), ev("max"), ev("oom") + ev("oom_kill")))
+            // One kernel OOM kill counts in both `oom` (the charge failed) and `oom_kill`
+            // (a process was killed): their sum would count it twice.
+            Ok((ev("high"), ev("max"), ev("oom").max(ev("oom_kill"))))
         })?;
         // PSI is optional (kernel without CONFIG_PSI or psi=0).
         let psi = f

@@ -188,11 +188,10 @@ fn memory_preemption_never_goes_below_the_working_set() -> TestResult {
     Ok(())
 }
 
-#[test]
-fn v2_sets_memory_high_and_scales_on_high_events() -> TestResult {
-    let t = tempfile::tempdir()?;
-    let d = t.path().join("cg");
-    fs::create_dir_all(&d)?;
+/// A fake v2 cgroup directory: no CPU limit, memory.max 64 MiB.
+fn v2_dir(t: &std::path::Path) -> std::path::PathBuf {
+    let d = t.join("cg");
+    fs::create_dir_all(&d).unwrap(); // ok: test code
     for (f, v) in [
         ("cpu.stat", "usage_usec 0\nnr_periods 0\nnr_throttled 0\n"),
         ("cpu.max", "max 100000\n"),
@@ -202,8 +201,15 @@ fn v2_sets_memory_high_and_scales_on_high_events() -> TestResult {
         ("memory.max", "67108864\n"),
         ("memory.high", "max\n"),
     ] {
-        fs::write(d.join(f), v)?;
+        fs::write(d.join(f), v).unwrap(); // ok: test code
     }
+    d
+}
+
+#[test]
+fn v2_sets_memory_high_and_scales_on_high_events() -> TestResult {
+    let t = tempfile::tempdir()?;
+    let d = v2_dir(t.path());
     let (_, mut cfg, sd) = setup(t.path());
     cfg.node.ledger_dir = t.path().join("ledger2");
     let io = crate::cgroup::v2::V2::new(d.clone());
@@ -225,6 +231,35 @@ fn v2_sets_memory_high_and_scales_on_high_events() -> TestResult {
         (128u64 << 20).to_string()
     );
     assert_eq!(high(&d), (((128u64 << 20) as f64 * 0.9) as u64).to_string());
+    m.release();
+    Ok(())
+}
+
+#[test]
+fn v2_kernel_oom_kill_is_attributed_to_the_top_tier_only_at_the_ceiling() -> TestResult {
+    let t = tempfile::tempdir()?;
+    let d = v2_dir(t.path());
+    let (_, mut cfg, sd) = setup(t.path());
+    cfg.node.ledger_dir = t.path().join("ledger3");
+    cfg.memory.max_bytes = 128 << 20;
+    let io = crate::cgroup::v2::V2::new(d.clone());
+    let mut m = Monitor::new("ns/v2oom".into(), Box::new(io), cfg, sd, Duration::ZERO)?;
+    let events = |oom: u32| format!("low 0\nhigh {oom}\nmax 0\noom {oom}\noom_kill {oom}\n");
+    m.round(Duration::from_millis(200))?;
+    // An OOM kill below the ceiling (64 of 128 MiB): the limit is raised (x4, clamped).
+    fs::write(d.join("memory.events"), events(1))?;
+    m.round(Duration::from_millis(400))?;
+    assert_eq!(m.oom_total(), 1);
+    assert_eq!(m.oom_at_max_reason(), None, "below the ceiling");
+    assert_eq!(m.current().mem.ok_or("not tracked")?.value, 128 << 20);
+    // At the ceiling the next kernel OOM kill is the top tier's.
+    fs::write(d.join("memory.events"), events(2))?;
+    assert!(m.final_oom_check(Duration::from_millis(600)));
+    let r = m.oom_at_max_reason().ok_or("no top-tier reason")?;
+    assert!(
+        r.contains("out of memory at the maximum memory tier") && r.contains("134217728"),
+        "{r}"
+    );
     m.release();
     Ok(())
 }

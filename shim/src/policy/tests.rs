@@ -188,6 +188,73 @@ fn oom_emergency_quadruples_then_terminates_at_ceiling() -> TestResult {
     Ok(())
 }
 
+/// cgroup v2 at the ceiling: no freeze, `memory.high` throttles. A working set at the
+/// throttle line with new `high` events (or PSI) is the emergency; file cache reclaim below
+/// the line, or pressure below the ceiling, is not.
+#[test]
+fn pressure_at_the_throttle_line_of_the_ceiling_is_an_oom_emergency() -> TestResult {
+    let p = Policy::default();
+    let limit = 128u64 << 20;
+    let at_ceiling = Current {
+        mem: Some(tracked(limit, 64 << 20, limit)),
+        ..Default::default()
+    };
+    let v2 = |i: u64, ws: u64, high_events: u64, psi: f64| Sample {
+        at: at(i),
+        mem_usage: ws,
+        mem_working_set: ws,
+        mem_pressure_events: high_events,
+        mem_psi_some_avg10: Some(psi),
+        ..Default::default()
+    };
+    let line = (limit as f64 * 0.95) as u64;
+    // Throttled at the line: new high events -> grace starts, then terminate.
+    let d = decide(
+        &[v2(0, line, 0, 0.0), v2(1, line, 4, 0.0)],
+        at(1),
+        &at_ceiling,
+        &p,
+    );
+    assert_eq!((d.mem.clone(), d.oom_at_ceiling_since), (None, Some(at(1))));
+    let cur = Current {
+        oom_at_ceiling_since: d.oom_at_ceiling_since,
+        ..at_ceiling
+    };
+    // A sample without new events while the task sleeps in the kernel's penalty: PSI
+    // keeps the emergency.
+    let d = decide(
+        &[v2(1, line, 4, 0.0), v2(6, line, 4, 35.0)],
+        at(6),
+        &cur,
+        &p,
+    );
+    let reason = d.terminate.ok_or("no termination after the grace")?;
+    assert!(reason.contains("out of memory at the maximum"), "{reason}");
+    // Reclaim of a page cache below the line is no emergency.
+    let low = limit / 2;
+    let d = decide(
+        &[v2(0, low, 0, 0.0), v2(1, low, 9, 0.0)],
+        at(1),
+        &at_ceiling,
+        &p,
+    );
+    assert_eq!((d.oom_at_ceiling_since, d.terminate), (None, None));
+    // Below the ceiling the same pressure raises the limit (x2: not an emergency).
+    let below = Current {
+        mem: Some(tracked(limit, 64 << 20, 1 << 30)),
+        ..Default::default()
+    };
+    let d = decide(
+        &[v2(0, line, 0, 0.0), v2(1, line, 4, 0.0)],
+        at(1),
+        &below,
+        &p,
+    );
+    assert_eq!(d.mem.ok_or("no raise")?.new, 256 << 20);
+    assert_eq!(d.oom_at_ceiling_since, None);
+    Ok(())
+}
+
 /// Runs the policy in a loop against a model workload; returns the quota history.
 fn simulate(
     cpu_demand: &[u64],

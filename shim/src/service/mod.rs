@@ -212,19 +212,30 @@ impl TaskService {
         let at = timestamp().unwrap_or_default();
         for c in st.containers.values_mut() {
             if c.init.pid == pid && c.init.exit.is_none() {
+                if let Some(s) = c.stop_monitor.take() {
+                    let _ = s.send(true);
+                }
+                let now = self.inner.clock.elapsed();
+                let (oom, oom_total, oom_at_max) = match c.monitor.as_ref().map(|m| m.lock()) {
+                    Some(Ok(mut m)) => {
+                        (m.final_oom_check(now), m.oom_total(), m.oom_at_max_reason())
+                    }
+                    _ => (false, 0, None),
+                };
+                // Killed by SIGKILL after the kernel's OOM killer acted at the top tier: the
+                // task could not fit at its maximum, reported like a shim termination.
+                if c.terminated.is_none() && code == 128 + libc::SIGKILL {
+                    if let Some(reason) = oom_at_max {
+                        error!(id = %c.id, reason = %reason, exit_status = c.cfg.monitor.terminate_exit_code, "task ended by the kernel OOM killer at its maximum memory tier");
+                        c.status.reason = Some(reason.clone());
+                        c.terminated = Some(reason);
+                    }
+                }
                 let status = match &c.terminated {
                     Some(_) => c.cfg.monitor.terminate_exit_code,
                     None => code as u32,
                 };
                 c.init.set_exited(status, at.clone());
-                if let Some(s) = c.stop_monitor.take() {
-                    let _ = s.send(true);
-                }
-                let now = self.inner.clock.elapsed();
-                let (oom, oom_total) = match c.monitor.as_ref().map(|m| m.lock()) {
-                    Some(Ok(mut m)) => (m.final_oom_check(now), m.oom_total()),
-                    _ => (false, 0),
-                };
                 if oom_total > 0 && c.terminated.is_none() {
                     c.status.reason = Some(format!(
                         "the kernel OOM-killed {oom_total} process(es) at the memory limit; \
