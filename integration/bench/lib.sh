@@ -121,10 +121,12 @@ local_registry() { # $1 = storage root
 }
 
 # A weenv daemon of a bench run in dir $1: its config ($1/snap.toml, state under $1/$2, the
-# lines $3 in its [fill] section, $SNAP_EXTRA appended), started in the background (SNAP_PID;
+# lines $3 in its [fill] section, $SNAP_EXTRA appended, and `[fuse] handover = false` unless
+# $SNAP_EXTRA has a [fuse] section: no keeper outlives a run), started in the background (SNAP_PID;
 # log $1/snap.log). Its socket is $1/snap.sock (the caller waits for it).
 start_snapshotter() {
-    local d=$1
+    local d=$1 fuse=$'[fuse]\nhandover = false'
+    [[ "${SNAP_EXTRA:-}" == *'[fuse]'* ]] && fuse=
     mkdir -p "$d"
     cat > "$d/snap.toml" <<EOF
 version = 1
@@ -141,6 +143,7 @@ $3
 [observability]
 listen = "unix:$d/status.sock"
 ${SNAP_EXTRA:-}
+$fuse
 EOF
     "$BIN/weenv-snapshotter" --config "$d/snap.toml" >"$d/snap.log" 2>&1 &
     SNAP_PID=$!; PIDS+=($SNAP_PID)

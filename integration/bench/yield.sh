@@ -85,7 +85,7 @@ for i in $(seq "$RUNS"); do
     for k in yield noyield full; do
         [[ $PARTS == *a* ]] || break
         if [ $k = noyield ]; then export SNAP_FILL_EXTRA=$'cpu_priority = "normal"\nbusy_ms = 0'; else unset SNAP_FILL_EXTRA; fi
-        if [ $k = full ]; then export SNAP_EXTRA=$'[fuse]\nplain_session = false'; else unset SNAP_EXTRA; fi
+        if [ $k = full ]; then export SNAP_EXTRA=$'[fuse]\nplain_session = false\nhandover = false'; else unset SNAP_EXTRA; fi
         d="$W/a-$k-$i"; start_stack "$d" true
         t0=$(now); pull "$d" "$REG/bench:weenv"; run "$d" "$REG/bench:weenv" "c1-$$" "$CMD"; R[${k}_cold]+="$(since "$t0") "
         t0=$(now); run "$d" "$REG/bench:weenv" "c2-$$" "$CMD"; R[${k}_early]+="$(since "$t0") "

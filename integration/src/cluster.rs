@@ -506,7 +506,7 @@ impl Cluster {
             "version = 1\nroot_dir = {state:?}\nsocket = {sock:?}\nlog_level = \"info,weenv_snapshotter=debug\"\n\
              [registry]\nplain_http = [\"{REGISTRY}\"]\nhosts_dir = {hd:?}\n\
              [cache]\nmemory_bytes = 67108864\ndisk_bytes = 4294967296\n\
-             [fill]\nenabled = {fill}\n[observability]\nlisten = \"unix:{obs}\"\n{peers}",
+             [fill]\nenabled = {fill}\n[fuse]\nhandover = false\n[observability]\nlisten = \"unix:{obs}\"\n{peers}",
             state = root.join("state").display().to_string(),
             sock = socket.display().to_string(),
             hd = root.join("certs.d").display().to_string(),

@@ -8,15 +8,19 @@
 //! - [`cri`]: containerd's CRI plugin settings and a CRI client (the kubelet's calls).
 //! - [`cluster`]: K nodes in network namespaces (own containerd + snapshotter each) and a
 //!   registry behind an HTB-shaped link, for the peer cache.
+//! - [`debian_go`]: Go test programs built offline against Debian's containerd 1.6 sources.
 //! - [`stockrun`]: containerd's Go client making nerdctl's calls (built from `go/stockrun`).
+//! - [`snapconform`]: containerd's snapshotter conformance suite, overlayfs vs weenv (`go/snapconform`).
 //! - [`untrusted_resources`]: images that try to exhaust the daemon's disk and memory.
 //! - [`untrusted_tocbind`]: weenv images whose TOC lies about the tar in the same blob.
 
 pub mod cluster;
 pub mod containerd;
 pub mod cri;
+pub mod debian_go;
 pub mod images;
 pub mod registry;
+pub mod snapconform;
 pub mod stockrun;
 pub mod untrusted_resources;
 pub mod untrusted_tocbind;

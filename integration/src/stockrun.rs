@@ -3,55 +3,18 @@
 //! offline in GOPATH mode against Debian's `golang-github-containerd-containerd-dev`.
 //! [`build`] compiles it into a directory; [`Report`] is the JSON line it prints to stderr.
 
-use crate::util::require_bins;
-use anyhow::{bail, Context, Result};
+use crate::debian_go::{self, Build};
+use anyhow::Result;
 use std::path::{Path, PathBuf};
-use std::process::Command;
-
-/// Debian's GOPATH of packaged Go libraries.
-pub const DEBIAN_GOPATH: &str = "/usr/share/gocode";
 
 /// Source directory of `stockrun`.
 pub fn source_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("go/stockrun")
 }
 
-/// Builds `stockrun` into `out_dir` (GOPATH mode against [`DEBIAN_GOPATH`], offline:
-/// `GOPROXY=off`); returns the binary's path. The Go build cache is the default one (first
-/// build ≈ 1.5 min, later ones seconds).
+/// Builds `stockrun` into `out_dir` ([`debian_go::build`]); returns the binary's path.
 pub fn build(out_dir: &Path) -> Result<PathBuf> {
-    require_bins(&["go"])?;
-    let client = Path::new(DEBIAN_GOPATH).join("src/github.com/containerd/containerd/client.go");
-    if !client.is_file() {
-        bail!(
-            "{} missing: install golang-github-containerd-containerd-dev (scripts/deps.sh)",
-            client.display()
-        );
-    }
-    let gopath = out_dir.join("gopath");
-    std::fs::create_dir_all(&gopath)?;
-    let bin = out_dir.join("stockrun");
-    let o = Command::new("go")
-        .arg("build")
-        .arg("-o")
-        .arg(&bin)
-        .arg(".")
-        .current_dir(source_dir())
-        .env("GO111MODULE", "off")
-        .env("GOPROXY", "off")
-        .env("GOFLAGS", "")
-        .env("GOPATH", format!("{}:{DEBIAN_GOPATH}", gopath.display()))
-        .output()
-        .context("running go build")?;
-    if !o.status.success() {
-        bail!(
-            "go build of {} failed:\n{}{}",
-            source_dir().display(),
-            String::from_utf8_lossy(&o.stdout),
-            String::from_utf8_lossy(&o.stderr)
-        );
-    }
-    Ok(bin)
+    debian_go::build(&source_dir(), out_dir, "stockrun", Build::Program)
 }
 
 /// What `stockrun` reports (its `stockrun: {...}` stderr line).

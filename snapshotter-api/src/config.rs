@@ -291,8 +291,9 @@ pub struct FuseSection {
     /// Keep the FUSE session across daemon restarts, crashes and upgrades: the session's
     /// `/dev/fuse` fd is held by a small keeper process (`weenv-snapshotter keeper`), and a
     /// new daemon takes it over instead of mounting a new session, so running containers keep
-    /// reading. Default false (the shipped config files turn it on).
-    #[serde(default)]
+    /// reading. Default true (a keeper is spawned unless `spawn_keeper = false`; with no
+    /// keeper the daemon logs an error and runs without handover).
+    #[serde(default = "default_true")]
     pub handover: bool,
     /// The keeper's unix socket. Default `<root_dir>/fuse-keeper.sock`.
     #[serde(default)]
@@ -450,7 +451,7 @@ impl Default for FuseSection {
             plain_session: true,
             threads: default_fuse_threads(),
             passthrough: true,
-            handover: false,
+            handover: true,
             keeper_socket: None,
             spawn_keeper: true,
             keeper_timeout_secs: default_keeper_timeout(),
@@ -771,19 +772,21 @@ mod tests {
     }
 
     #[test]
-    fn example_file_parses() {
+    fn the_shipped_config_holds_the_defaults() {
+        // Its header says "the values below are the defaults": every value it sets must be.
         let text = include_str!("../../config/weenv-snapshotter.toml");
         let c = parse(text).unwrap();
         assert!(
             c.fuse.handover,
             "the shipped config keeps sessions across restarts"
         );
+        assert_eq!(c, Config::default());
     }
 
     #[test]
-    fn handover_is_off_by_default_and_the_keeper_lives_in_the_root() {
+    fn handover_is_on_by_default_and_the_keeper_lives_in_the_root() {
         let c = parse("version = 1\nroot_dir = \"/r\"").unwrap();
-        assert!(!c.fuse.handover && c.fuse.spawn_keeper);
+        assert!(c.fuse.handover && c.fuse.spawn_keeper);
         assert_eq!(c.fuse.keeper_timeout_secs, 600);
         assert_eq!(c.keeper_socket(), PathBuf::from("/r/fuse-keeper.sock"));
     }

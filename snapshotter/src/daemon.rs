@@ -55,6 +55,7 @@ struct Obs {
     metrics: Arc<Metrics>,
     peers: Option<crate::peer::Peers>,
     provider: Arc<dyn LayerProvider>,
+    containerd: Option<Arc<ContainerdSources>>,
 }
 
 impl Observable for Obs {
@@ -63,6 +64,9 @@ impl Observable for Obs {
         m.push_str(&self.svc.counters().render());
         if let Some(p) = &self.peers {
             m.push_str(&p.stats.render());
+        }
+        if let Some(c) = &self.containerd {
+            m.push_str(&c.render());
         }
         if let Ok(c) = crate::status::count_snapshots(&self.store) {
             let mut e = crate::metrics::Exposition::new();
@@ -196,8 +200,10 @@ pub async fn run(cfg: Config) -> Result<(), DaemonError> {
         Some(addr) => Some(http::bind(&addr).await?),
         None => None,
     };
+    // Private to root whatever the umask (and narrowed if an older install left them wider);
+    // the cache dir and the mountpoints are made by the layer store the same way.
     for d in [cfg.root_dir.clone(), cfg.snapshots_dir(), cfg.toc_dir()] {
-        std::fs::create_dir_all(&d).map_err(|source| DaemonError::Dir {
+        crate::dirs::ensure_private(&d).map_err(|source| DaemonError::Dir {
             path: d.clone(),
             error: source,
         })?;
@@ -254,6 +260,16 @@ pub async fn run(cfg: Config) -> Result<(), DaemonError> {
             registry.clone(),
         ))
     });
+    match &sources {
+        Some(s) => {
+            tokio::spawn(watch_containerd(s.clone()));
+        }
+        None => info!(
+            "registry.containerd_socket is empty: weenv layers pulled by stock clients (nerdctl, \
+             the containerd Go client, CRI without snapshot annotations) are fetched in full"
+        ),
+    }
+    let containerd = sources.clone();
     let mut weenv_layers = WeenvLayers::new(
         store.clone(),
         layers.clone(),
@@ -296,6 +312,7 @@ pub async fn run(cfg: Config) -> Result<(), DaemonError> {
             metrics,
             peers,
             provider,
+            containerd,
         });
         tokio::spawn(http::serve(l, obs));
     }
@@ -323,6 +340,42 @@ pub async fn run(cfg: Config) -> Result<(), DaemonError> {
     res?;
     Ok(())
 }
+
+/// Says at start whether containerd answers on `registry.containerd_socket` (label-free lazy
+/// pulls need it: without it their weenv layers are fetched in full), then, if it does not,
+/// asks again every [`CONTAINERD_RECHECK`] until it does (containerd may start after the
+/// daemon: the systemd unit orders it so), warning once more after [`CONTAINERD_GRACE`].
+/// `weenv_containerd_up` tells the same from then on.
+async fn watch_containerd(s: Arc<ContainerdSources>) {
+    let socket = s.socket().display().to_string();
+    let mut waited = std::time::Duration::ZERO;
+    loop {
+        match s.check().await {
+            Ok(version) => {
+                info!(
+                    socket,
+                    version, "containerd answers: stock clients' pulls of weenv images are lazy"
+                );
+                return;
+            }
+            Err(e) if waited.is_zero() => warn!(socket, error = %e,
+                "containerd does not answer on registry.containerd_socket: until it does, weenv \
+                 layers pulled by nerdctl, the containerd Go client or CRI without snapshot \
+                 annotations are fetched in full (weenv pull and CRI with annotations are not \
+                 affected); see weenv_containerd_up"),
+            Err(e) if waited == CONTAINERD_GRACE => {
+                warn!(socket, error = %e, waited_secs = waited.as_secs(),
+                "containerd still does not answer on registry.containerd_socket")
+            }
+            Err(_) => {}
+        }
+        tokio::time::sleep(CONTAINERD_RECHECK).await;
+        waited += CONTAINERD_RECHECK;
+    }
+}
+
+const CONTAINERD_RECHECK: std::time::Duration = std::time::Duration::from_secs(5);
+const CONTAINERD_GRACE: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// How long a stopping daemon waits for in-flight Snapshots API requests (a Prepare blocked on a
 /// slow registry, a client that keeps its connection open) before it stops without them.

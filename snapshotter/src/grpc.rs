@@ -363,11 +363,13 @@ pub async fn serve(
     socket: &Path,
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> Result<(), GrpcError> {
-    if let Some(dir) = socket.parent() {
-        std::fs::create_dir_all(dir).map_err(|source| GrpcError::Bind {
-            path: socket.to_path_buf(),
-            error: source,
-        })?;
+    let bind_err = |source| GrpcError::Bind {
+        path: socket.to_path_buf(),
+        error: source,
+    };
+    if let Some(dir) = socket.parent().filter(|d| !d.exists()) {
+        // Like containerd's /run/containerd: others may traverse it, not list it.
+        crate::dirs::ensure(dir, 0o711).map_err(bind_err)?;
     }
     match std::fs::remove_file(socket) {
         Ok(()) => {}
@@ -379,10 +381,11 @@ pub async fn serve(
             })
         }
     }
-    let uds = tokio::net::UnixListener::bind(socket).map_err(|source| GrpcError::Bind {
-        path: socket.to_path_buf(),
-        error: source,
-    })?;
+    let uds = tokio::net::UnixListener::bind(socket).map_err(bind_err)?;
+    // Only root (containerd) may connect, whatever the umask: the Snapshots API mounts and
+    // removes container filesystems.
+    std::fs::set_permissions(socket, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+        .map_err(bind_err)?;
     tonic::transport::Server::builder()
         .add_service(SnapshotsServer::new(Grpc::new(svc)))
         .serve_with_incoming_shutdown(

@@ -397,12 +397,27 @@ fn start_open_log(st: &FsState, k: Arc<KeeperClient>) -> Option<std::thread::Joi
     }
 }
 
-/// Lazily detaches a dead FUSE mount left by a previous daemon (ENOTCONN on stat).
+/// Lazily detaches the FUSE mounts a previous daemon left at `mountpoint` (this one mounts a
+/// new session there; a second daemon on the same root never gets here: the metadata store is
+/// locked). Found in `/proc/self/mountinfo`, not by a stat: the kernel answers a stat of a
+/// dead session's root from its attribute cache for a while, so a daemon restarted right after
+/// a crash saw a live directory, and its mount failed with ENOTCONN.
 fn clear_stale_mount(mountpoint: &Path) {
-    if let Err(e) = std::fs::metadata(mountpoint) {
-        if e.raw_os_error() == Some(libc::ENOTCONN) {
-            tracing::warn!(mountpoint = %mountpoint.display(), "detaching a stale FUSE mount");
-            let _ = nix::mount::umount2(mountpoint, nix::mount::MntFlags::MNT_DETACH);
+    let stale = || {
+        std::fs::read_to_string("/proc/self/mountinfo")
+            .is_ok_and(|mi| fuse_mounted_at(&mi, mountpoint))
+            || std::fs::metadata(mountpoint)
+                .is_err_and(|e| e.raw_os_error() == Some(libc::ENOTCONN))
+    };
+    // Several, if daemons crashed one after another without a successor cleaning up.
+    for _ in 0..8 {
+        if !stale() {
+            return;
+        }
+        tracing::warn!(mountpoint = %mountpoint.display(), "detaching a stale FUSE mount");
+        if let Err(e) = nix::mount::umount2(mountpoint, nix::mount::MntFlags::MNT_DETACH) {
+            tracing::warn!(mountpoint = %mountpoint.display(), error = %e, "cannot detach the stale FUSE mount");
+            return;
         }
     }
 }
@@ -441,7 +456,8 @@ fn open_mount(
 ) -> Result<FuseMount, LayerError> {
     if takeover.is_none() {
         clear_stale_mount(mountpoint);
-        std::fs::create_dir_all(mountpoint).map_err(io_err(mountpoint))?;
+        // Private to root (the mounted session's root is 0700 too: `fs::ops`).
+        crate::dirs::ensure_private(mountpoint).map_err(io_err(mountpoint))?;
     }
     let state = SessionState::new(kind);
     let fs = WeenvFs {

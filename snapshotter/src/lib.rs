@@ -9,6 +9,7 @@
 //! - [`grpc`]: the tonic adapter serving containerd's Snapshots API on a unix socket.
 //! - [`http`] + [`status`]: `/metrics` and `/status` endpoint.
 //! - [`daemon`]: wiring (store, FUSE layer store, remount, servers).
+//! - [`dirs`]: directory modes set explicitly (private state, overlayfs's snapshot modes).
 //! - the lazy data path: [`layers`] (FUSE layer store), [`fs`], [`cache`], [`fetch`], [`metrics`].
 //! - [`peer`]: the node disk cache shared with peer nodes (serve, find, place, verify).
 //!
@@ -22,6 +23,7 @@
 pub mod cache;
 pub use weenv_snapshotter_api::config;
 pub mod daemon;
+pub mod dirs;
 mod error_messages;
 pub mod fetch;
 pub mod fs;

@@ -11,7 +11,7 @@ use crate::mounts::{
 };
 use crate::remote::contest::ClaimSource;
 use crate::remote::identity::claim_fits_target;
-use crate::remote::source::LayerSources;
+use crate::remote::source::{LayerSources, NoSource};
 use crate::remote::{
     LayerProvider, RemoteError, RemoteLayerRequest, UnsourcedLayerRequest, LABEL_TARGET,
     LABEL_WEENV_LAYER,
@@ -118,6 +118,11 @@ pub struct RemoteCounters {
     pub contested: AtomicU64,
     /// Gate checks that could not read containerd's image claims (snapshots used unchecked).
     pub contest_unchecked: AtomicU64,
+    /// Such Prepares while containerd did not answer on `registry.containerd_socket`.
+    pub remote_no_containerd: AtomicU64,
+    /// Such Prepares whose registry host name names several configured registries (containerd
+    /// drops the port) and no image record said which.
+    pub remote_ambiguous_source: AtomicU64,
 }
 
 impl RemoteCounters {
@@ -135,6 +140,8 @@ impl RemoteCounters {
                 ("refused", &self.remote_refused),
                 ("no_source", &self.remote_no_source),
                 ("untrusted_source", &self.remote_untrusted),
+                ("no_containerd", &self.remote_no_containerd),
+                ("ambiguous_source", &self.remote_ambiguous_source),
             ]
             .map(|(outcome, c)| (outcome, c.load(Ordering::Relaxed)))
             .to_vec(),
@@ -192,7 +199,7 @@ impl SnapshotService {
         snapshots_dir: PathBuf,
         layers: Option<Arc<dyn LayerProvider>>,
     ) -> Result<Self, SnapshotError> {
-        std::fs::create_dir_all(&snapshots_dir).map_err(io_err("create", &snapshots_dir))?;
+        crate::dirs::ensure_private(&snapshots_dir).map_err(io_err("create", &snapshots_dir))?;
         Ok(Self {
             counters: RemoteCounters::default(),
             remote_commit: parking_lot::Mutex::new(()),
@@ -393,20 +400,24 @@ impl SnapshotService {
         let u = UnsourcedLayerRequest::from_labels(labels)?;
         let sources = self.sources.as_ref()?;
         match sources.source(namespace, &u.layer.digest).await {
-            Some(s) => {
+            Ok(s) => {
                 debug!(digest = %u.layer.digest, reference = %s.reference, "layer source found in containerd's content store");
                 Some(RemoteLayerRequest {
                     namespace: Some(namespace.to_string()),
                     ..u.with_source(s.reference, Some(s.manifest))
                 })
             }
-            None => {
-                self.counters
-                    .remote_no_source
-                    .fetch_add(1, Ordering::Relaxed);
-                warn!(namespace, digest = %u.layer.digest, target = %u.target,
-                    "no image manifest in containerd's content store lists this weenv layer \
-                     with a distribution source; taking the ordinary path");
+            Err(why) => {
+                let c = match &why {
+                    NoSource::Unreachable(_) => &self.counters.remote_no_containerd,
+                    NoSource::AmbiguousHost { .. } => &self.counters.remote_ambiguous_source,
+                    NoSource::NoManifest | NoSource::NotServed { .. } => {
+                        &self.counters.remote_no_source
+                    }
+                };
+                c.fetch_add(1, Ordering::Relaxed);
+                warn!(namespace, digest = %u.layer.digest, target = %u.target, reason = %why,
+                    "weenv layer without a source; taking the ordinary path (the whole layer is fetched)");
                 None
             }
         }
@@ -604,7 +615,8 @@ impl SnapshotService {
         kind: Kind,
     ) -> Result<Vec<MountSpec>, SnapshotError> {
         // Complete layers with a native tree are mounted from it (pinned for this snapshot).
-        let native = native_for_new(self.layers.as_deref(), &self.chain(parent)?);
+        let chain = self.chain(parent)?;
+        let native = native_for_new(self.layers.as_deref(), &chain);
         let rec = self
             .store
             .create(NewSnapshot {
@@ -619,14 +631,12 @@ impl SnapshotService {
             })
             .inspect_err(|_| release_native(self.layers.as_deref(), &native))?;
         let d = self.dir(rec.id);
-        let made = (|| {
-            std::fs::create_dir_all(d.join("fs"))?;
-            if kind == Kind::Active {
-                std::fs::create_dir_all(d.join("work"))?;
-            }
-            Ok(())
-        })()
-        .map_err(io_err("create", &d));
+        // The nearest parent's directory as this snapshot's mount names it (a native tree,
+        // a FUSE layer dir or an ordinary snapshot's fs): the new root takes its owner.
+        let top = chain.first().map(|p| {
+            native_lower(self.layers.as_deref(), &native, p).unwrap_or_else(|| self.layer_dir(p))
+        });
+        let made = make_snapshot_dirs(&d, kind, top.as_deref());
         if let Err(e) = made {
             let _ = self.store.remove(key);
             let _ = std::fs::remove_dir_all(&d);
@@ -716,6 +726,34 @@ impl SnapshotService {
         }
         Ok(())
     }
+}
+
+/// Makes snapshot dir `d` as overlayfs's snapshotter does, modes set explicitly
+/// (`crate::dirs`): `d` 0700, `fs` 0755 and, for an active snapshot, `work` 0711. With a
+/// parent, `fs` then takes the owner (and mode) of the parent's top directory `parent_top`
+/// (overlayfs chowns a new snapshot's `fs` to its parent's): a container whose user namespace
+/// maps root to another uid (containerd's `WithRemappedSnapshot`, whose chowned top layer
+/// this carries) finds its root owned by its own root. For a remote parent `parent_top` is the
+/// FUSE layer root (the TOC's root entry) or its native tree.
+fn make_snapshot_dirs(
+    d: &Path,
+    kind: Kind,
+    parent_top: Option<&Path>,
+) -> Result<(), SnapshotError> {
+    use crate::dirs::{create, PRIVATE, SNAPSHOT_FS, SNAPSHOT_WORK};
+    create(d, PRIVATE).map_err(io_err("create", d))?;
+    let fs = d.join("fs");
+    create(&fs, SNAPSHOT_FS).map_err(io_err("create", &fs))?;
+    if kind == Kind::Active {
+        let work = d.join("work");
+        create(&work, SNAPSHOT_WORK).map_err(io_err("create", &work))?;
+    }
+    if let Some(top) = parent_top {
+        let (uid, gid, mode) = crate::dirs::copy_owner_and_mode(top, &fs)
+            .map_err(io_err("take the owner of the parent's directory", top))?;
+        debug!(dir = %fs.display(), uid, gid, mode = format!("{mode:04o}"), "snapshot root takes its parent's owner");
+    }
+    Ok(())
 }
 
 /// What the committed remote snapshots say about a Prepare of (`target`, `parent`) for layer

@@ -3,6 +3,7 @@
 //
 //	client.Pull(ctx, ref, WithPullUnpack, WithPullSnapshotter(sn), WithResolver(...))
 //	client.NewContainer(ctx, id, WithImage, WithSnapshotter, WithNewSnapshot, WithNewSpec(oci.WithImageConfig, ...))
+//	  (with -remap N: WithRemappedSnapshot(id, img, N, N) and oci.WithUserNamespace(0 -> N, 65536 ids))
 //	container.NewTask(ctx, cio.NewCreator(WithStreams(...))); task.Wait; task.Start; <-exit
 //
 // No weenv code and no snapshot labels of its own: whatever is lazy is lazy because the
@@ -30,6 +31,7 @@ import (
 	"github.com/containerd/containerd/namespaces"
 	"github.com/containerd/containerd/oci"
 	"github.com/containerd/containerd/remotes/docker"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 )
 
 // firstWrite forwards writes and records when the first byte came.
@@ -77,6 +79,7 @@ func main() {
 	runtime := flag.String("runtime", "", "runtime (default: containerd's default)")
 	plainHTTP := flag.Bool("plain-http", false, "talk to every registry over plain HTTP")
 	id := flag.String("id", fmt.Sprintf("stockrun-%d", time.Now().UnixNano()), "container id")
+	remap := flag.Uint("remap", 0, "run in a user namespace mapping container ids 0-65535 to host ids N-N+65535, on a snapshot chowned by containerd's WithRemappedSnapshot (0: no user namespace)")
 	flag.Parse()
 	if flag.NArg() < 1 {
 		fmt.Fprintln(os.Stderr, "usage: stockrun [flags] REF [ARGS...]")
@@ -111,10 +114,20 @@ func main() {
 	if len(args) > 0 {
 		specOpts = append(specOpts, oci.WithProcessArgs(args...))
 	}
+	snapshot := containerd.WithNewSnapshot(*id+"-snapshot", img)
+	if *remap > 0 {
+		// What a user-namespaced container of containerd's Go client is (ctr run --remap-labels
+		// in later releases): ids mapped in the runtime spec, a snapshot whose every file
+		// containerd chowned by N (and whose child, the container's, keeps that root owner).
+		n := uint32(*remap)
+		m := []specs.LinuxIDMapping{{ContainerID: 0, HostID: n, Size: 65536}}
+		specOpts = append(specOpts, oci.WithUserNamespace(m, m))
+		snapshot = containerd.WithRemappedSnapshot(*id+"-snapshot", img, n, n)
+	}
 	copts := []containerd.NewContainerOpts{
 		containerd.WithImage(img),
 		containerd.WithSnapshotter(*snapshotter),
-		containerd.WithNewSnapshot(*id+"-snapshot", img),
+		snapshot,
 		containerd.WithNewSpec(specOpts...),
 	}
 	if *runtime != "" {

@@ -80,6 +80,13 @@ impl Daemon {
             fill = opts.fill,
             fill_extra = opts.fill_extra,
         );
+        // The code's default keeps the FUSE session in a keeper that outlives the daemon; test
+        // daemons leave none behind unless a test asks for handover (snapshotter_restart.rs).
+        let cfg = if extra.contains("[fuse]") {
+            cfg
+        } else {
+            format!("{cfg}\n[fuse]\nhandover = false\n")
+        };
         let config = root.join("config.toml");
         std::fs::write(&config, cfg)?;
         let mut d = Daemon {

@@ -31,7 +31,7 @@ use bytes::Bytes;
 use parking_lot::Mutex;
 use std::fs;
 use std::io::Write as _;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -233,11 +233,9 @@ fn io_err<'a>(
     }
 }
 
+/// Cache dirs are private to root whatever the umask (`crate::dirs`).
 fn mkdir(dir: &Path) -> std::io::Result<()> {
-    fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)
+    crate::dirs::ensure(dir, crate::dirs::PRIVATE).map(|_| ())
 }
 
 /// Files of `dir` (`(mtime, name, len)`); temp files (`tmp(name)`) are removed.
@@ -263,6 +261,7 @@ impl DiskCache {
     /// Opens (creating) the cache under `dir` (`frames/`, `files/`) with a cap of `capacity`
     /// bytes, indexing what is already there and removing leftover temp files.
     pub fn open(dir: &Path, capacity: u64, metrics: Arc<Metrics>) -> Result<Self, CacheError> {
+        crate::dirs::ensure_private(dir).map_err(io_err(dir, "create cache dir"))?;
         let frames_dir = dir.join("frames");
         let files_dir = dir.join("files");
         let tmp = frames_dir.join("tmp");

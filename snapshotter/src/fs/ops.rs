@@ -189,7 +189,9 @@ impl FsState {
             ctime: self.mounted_at,
             crtime: self.mounted_at,
             kind: FileType::Directory,
-            perm: 0o755,
+            // The session lists every layer; like the state dir it lives in, only root may
+            // enter (overlayfs opens its lowers with the mounter's credentials).
+            perm: crate::dirs::PRIVATE as u16,
             nlink: 2 + n,
             uid: 0,
             gid: 0,

@@ -87,7 +87,7 @@ impl TocCache {
             path: path.clone(),
             error: source,
         };
-        std::fs::create_dir_all(&self.dir).map_err(io)?;
+        crate::dirs::ensure_private(&self.dir).map_err(io)?;
         let tmp = self.dir.join(format!(".{}.tmp", digest.hex()));
         std::fs::write(&tmp, tail).map_err(io)?;
         std::fs::rename(&tmp, &path).map_err(io)?;

@@ -8,6 +8,7 @@ use crate::remote::contest::{ClaimSource, ImageClaims};
 use crate::remote::{MountedLayer, Verdict, LABEL_CRI_IMAGE_REF, LABEL_CRI_LAYER_DIGEST};
 use parking_lot::Mutex;
 use std::collections::HashSet;
+use std::os::unix::fs::PermissionsExt;
 
 const D1: &str = "sha256:1111111111111111111111111111111111111111111111111111111111111111";
 const D2: &str = "sha256:2222222222222222222222222222222222222222222222222222222222222222";
@@ -32,10 +33,22 @@ struct Fake {
     verified: Mutex<Vec<String>>,
 }
 
+/// Where the fake exposes its layers: one directory per digest (a new snapshot's root takes
+/// its parent's owner and mode, so the directory must exist), mode 0750.
+fn fake_layer_dir(digest: &Digest) -> PathBuf {
+    static ROOT: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
+    let root = ROOT.get_or_init(|| tempfile::tempdir().unwrap()); // ok: test code
+    let d = root.path().join(digest.hex());
+    if !d.exists() {
+        crate::dirs::ensure(&d, 0o750).unwrap(); // ok: test code
+    }
+    d
+}
+
 impl Fake {
     fn layer(&self, digest: &Digest) -> MountedLayer {
         MountedLayer {
-            dir: PathBuf::from(format!("/mnt/{}", digest.hex())),
+            dir: fake_layer_dir(digest),
             size: 7,
             inodes: 3,
             toc_digest: Some(Digest::sha256(digest.as_str().as_bytes())),
@@ -195,13 +208,22 @@ async fn remote_prepare_commits_and_says_already_exists() -> TestResult {
             remote_labels("sha256:c10", D2),
         )
         .await?;
-    let dir = format!("/mnt/{}", &D1[7..]);
+    let dir = fake_layer_dir(&D1.parse()?).display().to_string();
     assert!(
         m[0].options
             .iter()
             .any(|o| o == &format!("lowerdir={dir}:{dir}")),
         "{m:?}"
     );
+    // Its root takes the owner and mode of the layer's root (the fake's dir, 0750).
+    let upper = m[0]
+        .options
+        .iter()
+        .find_map(|o| o.strip_prefix("upperdir="))
+        .unwrap();
+    let (want, got) = (std::fs::metadata(&dir)?, std::fs::metadata(upper)?);
+    assert_eq!(got.mode() & 0o7777, 0o750);
+    assert_eq!((got.uid(), got.gid()), (want.uid(), want.gid()));
     // a repeated Prepare of an existing target answers AlreadyExists without mounting again
     let n = fake.mounted.lock().len();
     let r = s
@@ -230,13 +252,20 @@ impl LayerSources for FakeSources {
         &self,
         namespace: &str,
         layer: &Digest,
-    ) -> Option<crate::remote::source::LayerSource> {
-        (namespace == "k8s.io" && layer.as_str() == D1).then(|| {
-            crate::remote::source::LayerSource {
+    ) -> Result<crate::remote::source::LayerSource, crate::remote::source::NoSource> {
+        use crate::remote::source::{LayerSource, NoSource};
+        match (namespace, layer.as_str()) {
+            ("k8s.io", D1) => Ok(LayerSource {
                 reference: format!("reg.io/team/app@{D2}"),
                 manifest: D2.to_string(),
-            }
-        })
+            }),
+            ("down", _) => Err(NoSource::Unreachable("connection refused".into())),
+            ("two", _) => Err(NoSource::AmbiguousHost {
+                host: "reg.io".into(),
+                candidates: vec!["reg.io:5000".into(), "reg.io:5001".into()],
+            }),
+            _ => Err(NoSource::NoManifest),
+        }
     }
 }
 
@@ -286,6 +315,20 @@ async fn stock_client_prepares_find_the_image_in_the_content_store() -> TestResu
         m.contains("weenv_remote_prepares_total{outcome=\"no_source\"} 1"),
         "{m}"
     );
+    // containerd not answering, or a host name naming two registries: the ordinary path,
+    // each counted apart.
+    for (ns, key) in [("down", "ns/4/e"), ("two", "ns/5/e"), ("two", "ns/6/e")] {
+        let m = s.prepare_in(ns, key, "", labels("sha256:c4", D1)).await?;
+        assert_eq!(m[0].kind, "bind");
+    }
+    let m = s.counters().render();
+    for want in [
+        "weenv_remote_prepares_total{outcome=\"no_containerd\"} 1",
+        "weenv_remote_prepares_total{outcome=\"ambiguous_source\"} 2",
+        "weenv_remote_prepares_total{outcome=\"no_source\"} 1",
+    ] {
+        assert!(m.contains(want), "{want}\n{m}");
+    }
     Ok(())
 }
 
@@ -610,5 +653,37 @@ async fn images_outside_lazy_sources_take_the_ordinary_path() -> TestResult {
         .counters()
         .render()
         .contains("outcome=\"untrusted_source\"} 1"));
+    Ok(())
+}
+
+#[tokio::test]
+async fn snapshot_dirs_have_overlayfs_modes_and_the_parent_root_s_mode() -> TestResult {
+    let d = tempfile::tempdir()?;
+    let s = svc(d.path(), None);
+    let mode = |p: &Path| std::fs::metadata(p).map(|m| m.mode() & 0o7777);
+    assert_eq!(mode(&d.path().join("snapshots"))?, 0o700);
+    let m = s.prepare("a", "", HashMap::new()).await?;
+    let fs = PathBuf::from(&m[0].source);
+    let id_dir = fs.parent().unwrap().to_path_buf();
+    assert_eq!(mode(&id_dir)?, 0o700);
+    assert_eq!(mode(&fs)?, 0o755);
+    assert_eq!(mode(&id_dir.join("work"))?, 0o711);
+    // A committed parent whose root was made 0750 (a layer's root entry): the child's too.
+    std::fs::set_permissions(&fs, std::fs::Permissions::from_mode(0o750))?;
+    s.commit("c", "a", HashMap::new())?;
+    for (key, view) in [("child", false), ("child-view", true)] {
+        let m = if view {
+            s.view(key, "c", HashMap::new())?
+        } else {
+            s.prepare(key, "c", HashMap::new()).await?
+        };
+        let upper = m[0]
+            .options
+            .iter()
+            .find_map(|o| o.strip_prefix("upperdir="))
+            .map(PathBuf::from)
+            .unwrap_or_else(|| s.dir(s.stat(key).unwrap().id).join("fs"));
+        assert_eq!(mode(&upper)?, 0o750, "{key}");
+    }
     Ok(())
 }
