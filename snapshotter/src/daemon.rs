@@ -193,6 +193,17 @@ impl From<crate::layers::LayerError> for DaemonError {
     }
 }
 
+/// Set once [`run`] has left the FUSE sessions to their keepers.
+static HANDED_OVER: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether [`run`] ended by leaving the FUSE sessions to their keepers. The process must then
+/// exit without dropping its runtime: a FUSE request still in flight would be answered with EIO
+/// as its reply is dropped, while unanswered it is re-queued for the successor
+/// (`FUSE_NOTIFY_RESEND`), so the container sees a stall, not an error.
+pub fn handed_over() -> bool {
+    HANDED_OVER.load(std::sync::atomic::Ordering::SeqCst)
+}
+
 /// Run the daemon until a termination signal.
 pub async fn run(cfg: Config) -> Result<(), DaemonError> {
     // First, so a taken observability address stops the daemon before it mounts anything.
@@ -333,6 +344,7 @@ pub async fn run(cfg: Config) -> Result<(), DaemonError> {
     if hand_over {
         info!("shutting down: the keeper keeps the FUSE session for the next daemon");
         layers.hand_over();
+        HANDED_OVER.store(true, std::sync::atomic::Ordering::SeqCst);
     } else {
         info!("shutting down: unmounting the FUSE session");
         layers.shutdown();

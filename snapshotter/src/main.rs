@@ -188,6 +188,10 @@ fn main() -> std::process::ExitCode {
         }
     };
     let res = rt.block_on(weenv_snapshotter::daemon::run(cfg));
+    if res.is_ok() && weenv_snapshotter::daemon::handed_over() {
+        // Leave in-flight FUSE requests unanswered for the next daemon (see `handed_over`).
+        std::process::exit(0);
+    }
     // Dropping the runtime would wait for every blocking task, and one may be parked on the
     // FUSE session that was just detached while containers still use it (seen: a daemon that
     // took SIGTERM and did not exit for 14 minutes). The process exit ends them instead.
