@@ -220,7 +220,7 @@ async fn remote_prepare_commits_and_says_already_exists() -> TestResult {
         .options
         .iter()
         .find_map(|o| o.strip_prefix("upperdir="))
-        .unwrap();
+        .unwrap(); // ok: test code
     let (want, got) = (std::fs::metadata(&dir)?, std::fs::metadata(upper)?);
     assert_eq!(got.mode() & 0o7777, 0o750);
     assert_eq!((got.uid(), got.gid()), (want.uid(), want.gid()));
@@ -561,7 +561,7 @@ async fn contested_snapshots_are_verified_before_use_and_quarantined_ones_refuse
     let good = Digest::sha256(b"good diff");
     fake.claims.lock().insert(D3.into(), good.clone());
     let claims = Arc::new(FixedClaims(Mutex::new(vec![Arc::new(
-        ImageClaims::new("sha256:evilm", &[D3.to_string()], &[good.to_string()]).unwrap(),
+        ImageClaims::new("sha256:evilm", &[D3.to_string()], &[good.to_string()]).unwrap(), // ok: test code
     )])));
     let s = svc(d.path(), Some(fake.clone())).with_claims(claims.clone());
     let r = s
@@ -575,7 +575,7 @@ async fn contested_snapshots_are_verified_before_use_and_quarantined_ones_refuse
     assert!(fake.verified.lock().is_empty());
     // GOOD's manifest arrives: contested. A layer that verifies is used.
     claims.0.lock().push(Arc::new(
-        ImageClaims::new("sha256:goodm", &[D1.to_string()], &[good.to_string()]).unwrap(),
+        ImageClaims::new("sha256:goodm", &[D1.to_string()], &[good.to_string()]).unwrap(), // ok: test code
     ));
     s.stat_checked(&key).await?;
     assert_eq!(*fake.verified.lock(), vec![D3.to_string()]);
@@ -664,7 +664,7 @@ async fn snapshot_dirs_have_overlayfs_modes_and_the_parent_root_s_mode() -> Test
     assert_eq!(mode(&d.path().join("snapshots"))?, 0o700);
     let m = s.prepare("a", "", HashMap::new()).await?;
     let fs = PathBuf::from(&m[0].source);
-    let id_dir = fs.parent().unwrap().to_path_buf();
+    let id_dir = fs.parent().unwrap().to_path_buf(); // ok: test code
     assert_eq!(mode(&id_dir)?, 0o700);
     assert_eq!(mode(&fs)?, 0o755);
     assert_eq!(mode(&id_dir.join("work"))?, 0o711);
@@ -682,7 +682,7 @@ async fn snapshot_dirs_have_overlayfs_modes_and_the_parent_root_s_mode() -> Test
             .iter()
             .find_map(|o| o.strip_prefix("upperdir="))
             .map(PathBuf::from)
-            .unwrap_or_else(|| s.dir(s.stat(key).unwrap().id).join("fs"));
+            .unwrap_or_else(|| s.dir(s.stat(key).unwrap().id).join("fs")); // ok: test code
         assert_eq!(mode(&upper)?, 0o750, "{key}");
     }
     Ok(())
