@@ -7,10 +7,44 @@ use std::path::{Path, PathBuf};
 use std::process::Child;
 use std::time::{Duration, Instant};
 
-/// A TCP port on 127.0.0.1 that was free a moment ago (bind to port 0, read it, release it).
+/// A TCP port on 127.0.0.1 that was free a moment ago, chosen below the kernel's ephemeral
+/// range (`net.ipv4.ip_local_port_range`): a port from that range, once released, can be taken
+/// by any outgoing connection's source port (or another `bind(0)`) before the service we start
+/// binds it, and the registry or daemon then fails to listen. Ports below the range are only
+/// ever taken by an explicit bind, so the remaining race is with another test choosing the same
+/// random port in the same instant, which the bind check below narrows further.
 pub fn free_port() -> Result<u16> {
+    let low = ephemeral_low().unwrap_or(32768);
+    let (lo, hi) = (10_000u32, u32::from(low).max(10_001));
+    let mut seed = port_seed();
+    for _ in 0..256 {
+        // xorshift64: different per call, process and instant; no extra dependency.
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        let port = (lo + (seed % u64::from(hi - lo)) as u32) as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return Ok(port);
+        }
+    }
     let l = TcpListener::bind("127.0.0.1:0").context("binding 127.0.0.1:0 to find a free port")?;
     Ok(l.local_addr()?.port())
+}
+
+fn ephemeral_low() -> Option<u16> {
+    let range = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").ok()?;
+    range.split_whitespace().next()?.parse().ok()
+}
+
+fn port_seed() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static CALLS: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    let calls = CALLS.fetch_add(1, Ordering::Relaxed);
+    (nanos ^ (u64::from(std::process::id()) << 32) ^ calls.wrapping_mul(0x9E37_79B9_7F4A_7C15)) | 1
 }
 
 /// True when running as root (effective uid 0).
