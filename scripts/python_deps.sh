@@ -5,7 +5,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-if "$PY" -c 'import weenv, grpc, google.protobuf, pytest, pytest_asyncio, swerex, grpc_tools' 2>/dev/null \
+# grpcio-tools is pinned (python/pyproject.toml): the checked-in stubs are its output, byte for byte.
+if "$PY" -c 'import weenv, grpc, google.protobuf, pytest, pytest_asyncio, swerex, grpc_tools, importlib.metadata as m
+assert m.version("grpcio-tools") == "1.85.1"' 2>/dev/null \
   && command -v ruff >/dev/null; then
   echo "python_deps.sh: already installed"
   exit 0
