@@ -14,15 +14,13 @@ use std::time::{Duration, Instant};
 /// ever taken by an explicit bind, so the remaining race is with another test choosing the same
 /// random port in the same instant, which the bind check below narrows further.
 pub fn free_port() -> Result<u16> {
+    use std::hash::BuildHasher;
     let low = ephemeral_low().unwrap_or(32768);
-    let (lo, hi) = (10_000u32, u32::from(low).max(10_001));
-    let mut seed = port_seed();
-    for _ in 0..256 {
-        // xorshift64: different per call, process and instant; no extra dependency.
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        let port = (lo + (seed % u64::from(hi - lo)) as u32) as u16;
+    let (lo, hi) = (10_000u16, low.max(10_001));
+    // Every RandomState differs (random keys per process, bumped per instance).
+    let random = std::collections::hash_map::RandomState::new();
+    for attempt in 0..256u32 {
+        let port = lo + (random.hash_one(attempt) % u64::from(hi - lo)) as u16;
         if TcpListener::bind(("127.0.0.1", port)).is_ok() {
             return Ok(port);
         }
@@ -34,17 +32,6 @@ pub fn free_port() -> Result<u16> {
 fn ephemeral_low() -> Option<u16> {
     let range = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").ok()?;
     range.split_whitespace().next()?.parse().ok()
-}
-
-fn port_seed() -> u64 {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static CALLS: AtomicU64 = AtomicU64::new(0);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(0);
-    let calls = CALLS.fetch_add(1, Ordering::Relaxed);
-    (nanos ^ (u64::from(std::process::id()) << 32) ^ calls.wrapping_mul(0x9E37_79B9_7F4A_7C15)) | 1
 }
 
 /// True when running as root (effective uid 0).
@@ -248,5 +235,18 @@ mod tests {
     fn e2e_bin_lists() {
         assert!(E2E_BINS.contains(&"umoci") && !E2E_BINS.contains(&"fusermount3"));
         assert_eq!(E2E_FUSE_BINS, [E2E_BINS, &["fusermount3"]].concat());
+    }
+
+    #[test]
+    fn free_ports_are_below_the_ephemeral_range_and_bindable() -> Result<()> {
+        let low = ephemeral_low().unwrap_or(32768);
+        let ports: Vec<u16> = (0..8).map(|_| free_port()).collect::<Result<_>>()?;
+        for &p in &ports {
+            assert!((10_000..low).contains(&p), "port {p} not in 10000..{low}");
+            TcpListener::bind(("127.0.0.1", p))?;
+        }
+        let distinct: std::collections::HashSet<_> = ports.iter().collect();
+        assert!(distinct.len() > 1, "the same port every call: {ports:?}");
+        Ok(())
     }
 }
