@@ -5,10 +5,18 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-# grpcio-tools is pinned (python/pyproject.toml): the checked-in stubs are its output, byte for byte.
-if "$PY" -c 'import weenv, grpc, google.protobuf, pytest, pytest_asyncio, swerex, grpc_tools, importlib.metadata as m
-assert m.version("grpcio-tools") == "1.85.1"' 2>/dev/null \
-  && command -v ruff >/dev/null; then
+# grpcio-tools is pinned in python/pyproject.toml (the checked-in stubs are its output, byte for
+# byte): an installed other version means a reinstall.
+installed() {
+  "$PY" - 2>/dev/null <<'EOF'
+import importlib.metadata as m, tomllib
+import weenv, grpc, google.protobuf, pytest, pytest_asyncio, swerex, grpc_tools  # noqa: F401
+dev = tomllib.load(open("python/pyproject.toml", "rb"))["project"]["optional-dependencies"]["dev"]
+pin = next(r.split("==")[1] for r in dev if r.startswith("grpcio-tools=="))
+assert m.version("grpcio-tools") == pin
+EOF
+}
+if installed && command -v ruff >/dev/null; then
   echo "python_deps.sh: already installed"
   exit 0
 fi
