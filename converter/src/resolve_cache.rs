@@ -195,6 +195,11 @@ impl ResolveCache {
         }
     }
 
+    /// The cached references, sorted.
+    pub fn references(&self) -> Vec<String> {
+        self.file.refs.keys().cloned().collect()
+    }
+
     /// Number of cached references.
     pub fn len(&self) -> usize {
         self.file.refs.len()

@@ -24,6 +24,11 @@ pub enum EnvdError {
     Containerd(#[from] Box<weenv_cli::pull::PullError>),
     #[error("{what}: {error}")]
     Io { what: String, error: std::io::Error },
+    #[error("mutation failed: the pooled environment {id} it was applied to is removed, nothing of the caller's ran in it: {error}")]
+    PooledMutation {
+        id: String,
+        error: Box<weenv_converter::mutate::MutateError>,
+    },
     #[error("{0}")]
     Internal(String),
 }
@@ -61,7 +66,7 @@ impl EnvdError {
                 Code::InvalidArgument
             }
             EnvdError::Run(_) | EnvdError::Containerd(_) | EnvdError::Io { .. } => Code::Internal,
-            EnvdError::Internal(_) => Code::Internal,
+            EnvdError::Internal(_) | EnvdError::PooledMutation { .. } => Code::Internal,
         };
         tonic::Status::new(code, self.to_string())
     }

@@ -15,6 +15,8 @@
 //!   command's output), so a command costs no new `runc exec`.
 //! - [`files`]: files read and written through `/proc/<init pid>/root` resolved inside the
 //!   container's root (`openat2(RESOLVE_IN_ROOT)`); tar trees through `tar` in the container.
+//! - [`pool`]: the warm pool (spares created ahead of demand per pool key, claimed by a
+//!   create: labels updated, the task's mutation applied through the init's root).
 //! - [`server`]: serving on a unix socket / TCP, the bearer-token check.
 
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
@@ -22,6 +24,7 @@
 pub mod error;
 pub mod exec;
 pub mod files;
+pub mod pool;
 pub mod server;
 pub mod service;
 pub mod session;

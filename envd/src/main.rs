@@ -62,6 +62,10 @@ struct Args {
     /// Creations at once when a request does not say.
     #[arg(long, default_value_t = 8)]
     parallelism: usize,
+    /// Warm pool: at most this many spare environments per pool key (image, snapshotter,
+    /// runtime, resources, mounts, init, name), refilled to the last batch's size; 0: off.
+    #[arg(long, default_value_t = 0)]
+    pool: usize,
 }
 
 #[tokio::main]
@@ -120,6 +124,7 @@ async fn main() -> Result<()> {
             },
             parallelism: a.parallelism.max(1),
             daemon,
+            pool: a.pool,
         },
         ch,
         registry,
@@ -127,6 +132,7 @@ async fn main() -> Result<()> {
     let found = svc.reconcile().await?;
     tracing::info!(found, "environments found again");
     svc.spawn_gc();
+    svc.spawn_pool();
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|v| *v).await;
@@ -145,10 +151,13 @@ async fn main() -> Result<()> {
     let unix = weenv_envd::server::serve_unix(svc.clone(), &a.socket, stopped(stop_rx.clone()));
     match (a.tcp, token) {
         (Some(addr), Some(token)) => {
-            let tcp = weenv_envd::server::serve_tcp(svc, addr, token, stopped(stop_rx));
+            let tcp = weenv_envd::server::serve_tcp(svc.clone(), addr, token, stopped(stop_rx));
             tokio::try_join!(unix, tcp)?;
         }
         _ => unix.await?,
     }
+    // Spares are not environments: they go with the service (a killed service's are removed
+    // by the next one's reconcile).
+    svc.drain_pool().await;
     Ok(())
 }

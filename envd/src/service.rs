@@ -4,6 +4,7 @@
 use crate::error::EnvdError;
 use crate::exec::{self, RunParams, DEFAULT_OUTPUT_LIMIT, MAX_OUTPUT_LIMIT};
 use crate::files;
+use crate::pool::{self, Demand, PoolKey, POOL_LABEL};
 use crate::proto::envd_server::Envd;
 use crate::proto::*;
 use crate::session::Session;
@@ -11,7 +12,8 @@ use crate::state::{labels, random_hex, set_state, unix_now, Env, Events};
 use containerd_client::services::v1::containers_client::ContainersClient;
 use containerd_client::services::v1::tasks_client::TasksClient;
 use containerd_client::services::v1::{
-    GetContainerRequest, GetRequest as GetTaskRequest, ListContainersRequest,
+    Container, GetContainerRequest, GetRequest as GetTaskRequest, ListContainersRequest,
+    UpdateContainerRequest,
 };
 use futures::StreamExt;
 use parking_lot::Mutex;
@@ -57,6 +59,45 @@ pub struct Config {
     pub parallelism: usize,
     /// The weenv daemon's endpoint (verifications of contested chains, as `weenv run`).
     pub daemon: Option<weenv_snapshotter_api::config::ListenAddr>,
+    /// Spares kept per pool key at most (0: no pool; see [`crate::pool`]).
+    pub pool: usize,
+}
+
+/// Spares created at once.
+const POOL_FILL_PARALLELISM: usize = 2;
+
+/// The warm pool's state ([`crate::pool`]).
+#[derive(Default)]
+struct PoolState {
+    keys: HashMap<String, PoolEntry>,
+    /// The last create request (refills wait until creates were quiet).
+    last_create: Option<Instant>,
+}
+
+#[derive(Default)]
+struct PoolEntry {
+    spares: Vec<Spare>,
+    /// Spares being created.
+    filling: usize,
+    demand: Demand,
+    /// How to make one (the latest request of the key).
+    recipe: Option<SpareRecipe>,
+}
+
+/// A running container of the pool, not yet an environment.
+struct Spare {
+    id: String,
+    pid: u32,
+    process: Option<serde_json::Value>,
+    snapshotter: String,
+}
+
+#[derive(Clone)]
+struct SpareRecipe {
+    o: RunOptions,
+    /// The plan without its at-init mutation (applied at the claim).
+    plan: Option<PlanInput>,
+    name: String,
 }
 
 /// The shim's status directory of `ns/id`.
@@ -86,6 +127,9 @@ pub struct Service {
     registry: weenv_registry::Client,
     envs: Mutex<HashMap<String, Arc<Env>>>,
     events: Events,
+    pool: Mutex<PoolState>,
+    /// Images installed by this process (a plan's next environment skips the install).
+    installed: run::InstalledImages,
 }
 
 type Stream<T> = Pin<Box<dyn futures::Stream<Item = Result<T, Status>> + Send + 'static>>;
@@ -110,6 +154,8 @@ impl Service {
             registry,
             envs: Mutex::new(HashMap::new()),
             events: Events::default(),
+            pool: Mutex::new(PoolState::default()),
+            installed: Default::default(),
         }))
     }
 
@@ -150,6 +196,10 @@ impl Service {
     /// Find every environment of a previous run of the service again (container labels) and
     /// see whether its task still runs.
     pub async fn reconcile(self: &Arc<Self>) -> Result<usize, EnvdError> {
+        let stale = self.remove_stale_spares().await?;
+        if stale > 0 {
+            tracing::info!(stale, "removed the pooled environments of a previous run");
+        }
         let c = self.ctd();
         let list = ContainersClient::new(c.channel())
             .list(c.req(ListContainersRequest {
@@ -304,26 +354,9 @@ impl Service {
         for s in take_sessions(&env) {
             s.close_now().await;
         }
-        let lc = self.lc();
-        if self.task_state(id).await.is_some() {
-            if let Err(e) = lc.kill_process(id, "", 9, true).await {
-                tracing::debug!(env = id, error = %e, "killing the environment");
-            }
-            let _ = tokio::time::timeout(Duration::from_secs(10), lc.wait_task(id)).await;
-            if let Err(e) = lc.delete_task(id).await {
-                tracing::warn!(env = id, error = %e, "deleting the environment's task");
-            }
-        }
-        let container = lc.delete_container(id).await;
-        let snapshot = lc.remove_snapshot(&env.snapshotter, id).await;
+        let res = self.teardown(id, &env.snapshotter).await;
         self.envs.lock().remove(id);
-        if let Err(e) = container {
-            if !matches!(&e, weenv_cli::pull::PullError::Containerd { status, .. } if status.code() == tonic::Code::NotFound)
-            {
-                return Err(e.into());
-            }
-        }
-        snapshot?;
+        res?;
         self.events.emit(id, EnvState::Deleted, cause);
         Ok(())
     }
@@ -374,7 +407,6 @@ impl Service {
                 self.cfg.max_ttl.as_secs()
             )));
         }
-        let id = format!("{name}-{}", random_hex(5));
         let now = unix_now();
         let (plan_input, source_text) = match &source {
             env_spec::Source::PlanPath(p) => {
@@ -456,34 +488,35 @@ impl Service {
                 format!("weenv.local/envd/plan:{}", &h[..24])
             }
         };
-        let env = Arc::new(Env {
-            id: id.clone(),
-            created_at: now,
-            expires_at: now + ttl.as_secs() as i64,
-            source: source_text,
-            snapshotter: if spec.snapshotter.is_empty() {
-                self.cfg.snapshotter.clone()
-            } else {
-                spec.snapshotter.clone()
-            },
-            runtime: if spec.runtime.is_empty() {
-                self.cfg.runtime.clone()
-            } else {
-                spec.runtime.clone()
-            },
-            user_labels: spec.labels.clone().into_iter().collect(),
-            env: spec.env.clone().into_iter().collect(),
-            image_record: image_record.clone(),
-            state: Mutex::new((EnvState::Creating, String::new())),
-            pid: Default::default(),
-            process: Mutex::new(None),
-            sessions: Mutex::new(HashMap::new()),
-            running_execs: Default::default(),
-            exec_seq: Default::default(),
-        });
-        self.envs.lock().insert(id.clone(), env.clone());
-        self.events
-            .emit(&id, EnvState::Creating, env.source.clone());
+        let snapshotter = if spec.snapshotter.is_empty() {
+            self.cfg.snapshotter.clone()
+        } else {
+            spec.snapshotter.clone()
+        };
+        let runtime = if spec.runtime.is_empty() {
+            self.cfg.runtime.clone()
+        } else {
+            spec.runtime.clone()
+        };
+        let new_env = |id: String| {
+            Arc::new(Env {
+                id,
+                created_at: now,
+                expires_at: now + ttl.as_secs() as i64,
+                source: source_text.clone(),
+                snapshotter: snapshotter.clone(),
+                runtime: runtime.clone(),
+                user_labels: spec.labels.clone().into_iter().collect(),
+                env: spec.env.clone().into_iter().collect(),
+                image_record: image_record.clone(),
+                state: Mutex::new((EnvState::Creating, String::new())),
+                pid: Default::default(),
+                process: Mutex::new(None),
+                sessions: Mutex::new(HashMap::new()),
+                running_execs: Default::default(),
+                exec_seq: Default::default(),
+            })
+        };
 
         let mut annotations = BTreeMap::new();
         if r.cpu_max > 0.0 {
@@ -504,7 +537,7 @@ impl Service {
         if let Some(d) = &self.cfg.shim_ledger_dir {
             annotations.insert("io.weenv.ledger.dir".into(), d.display().to_string());
         }
-        let o = RunOptions {
+        let mut o = RunOptions {
             plan: PathBuf::new(),
             image: match &source {
                 env_spec::Source::Image(i) => i.clone(),
@@ -513,9 +546,9 @@ impl Service {
             publish: false,
             address: PathBuf::new(),
             namespace: self.cfg.namespace.clone(),
-            snapshotter: env.snapshotter.clone(),
-            runtime: Some(env.runtime.clone()),
-            id: Some(id.clone()),
+            snapshotter: snapshotter.clone(),
+            runtime: Some(runtime.clone()),
+            id: None,
             mounts: spec.mounts.clone(),
             limits: run::Limits {
                 cpus: (r.cpus > 0.0).then_some(r.cpus),
@@ -527,20 +560,91 @@ impl Service {
             } else {
                 spec.init.clone()
             },
-            labels: env.container_labels(),
+            labels: HashMap::new(),
             keep: true,
             stdio: run::stdio::StdioMode::Null,
             cache_dir: self.cfg.state_dir.join("resolve-cache"),
             policy: self.cfg.policy,
             daemon: self.cfg.daemon.clone(),
         };
+
+        // The warm pool: a spare of this key (everything but the task's mutation, labels,
+        // time to live and variables) is claimed; a miss is created as below. Either way the
+        // demand is counted, so the pool refills for the next batch.
+        if self.cfg.pool > 0 {
+            let key = PoolKey {
+                image: match &plan_input {
+                    Some(i) => format!(
+                        "plan {image_record} {}",
+                        serde_json::to_string(&i.plan.group_refs()).unwrap_or_default()
+                    ),
+                    None => format!("image {}", o.image),
+                },
+                snapshotter: snapshotter.clone(),
+                runtime: runtime.clone(),
+                resources: (
+                    r.cpus,
+                    r.memory_bytes,
+                    r.cpu_max,
+                    r.memory_max_bytes,
+                    r.fixed,
+                ),
+                mounts: spec.mounts.clone(),
+                init: spec.init.clone(),
+                name: name.to_string(),
+            };
+            let digest = key.digest();
+            let recipe = SpareRecipe {
+                o: o.clone(),
+                plan: plan_input.clone().map(|mut p| {
+                    if p.plan.init_mutation().is_some() {
+                        p.plan.mutation = None;
+                    }
+                    p.patch = None;
+                    p
+                }),
+                name: name.to_string(),
+            };
+            self.note_demand(&digest, recipe);
+            // The mutation a claim applies: the task's, else the plan's own at-init one.
+            let mutation = match (&task_mutation, &plan_input) {
+                (Some((m, p)), _) => Some((m.clone(), Some(p.clone()))),
+                (None, Some(input)) => match input.plan.init_mutation() {
+                    Some(m) => Some((
+                        m.clone(),
+                        run::patch_bytes(&self.registry, m, &input.dir, &o.image).await?,
+                    )),
+                    None => None,
+                },
+                (None, None) => None,
+            };
+            if let Some(info) = self.claim(&digest, &new_env, mutation, tm).await? {
+                return Ok(info);
+            }
+        }
+
+        let id = format!("{name}-{}", random_hex(5));
+        let env = new_env(id.clone());
+        o.id = Some(id.clone());
+        o.labels = env.container_labels();
+        self.envs.lock().insert(id.clone(), env.clone());
+        self.events
+            .emit(&id, EnvState::Creating, env.source.clone());
         let started = match plan_input {
             Some(mut input) => {
                 if let Some((m, patch)) = task_mutation {
                     input.plan.mutation = Some(m);
                     input.patch = Some(patch);
                 }
-                run::compose_and_start_plan(&self.registry, self.ch.clone(), &o, &input, tm).await
+                run::compose_and_start_plan(
+                    &self.registry,
+                    self.ch.clone(),
+                    &o,
+                    &input,
+                    Some(&self.installed),
+                    tm,
+                )
+                .await
             }
             None => {
                 let m = task_mutation.as_ref().map(|(m, p)| (m, p.as_slice()));
@@ -556,22 +660,298 @@ impl Service {
             }
         };
         drop(started.task);
-        // The exec template: the container spec's process.
+        let (process, pid) = self.process_and_pid(&id).await;
+        *env.process.lock() = process;
+        env.pid.store(pid, Ordering::Relaxed);
+        set_state(&env, &self.events, EnvState::Running, "the init runs");
+        self.watch(env.clone());
+        Ok(env.info())
+    }
+
+    /// The container spec's process (the exec template) and the init's pid.
+    async fn process_and_pid(&self, id: &str) -> (Option<serde_json::Value>, u32) {
         let c = self.ctd();
         let spec_json = ContainersClient::new(c.channel())
-            .get(c.req(GetContainerRequest { id: id.clone() }))
+            .get(c.req(GetContainerRequest { id: id.to_string() }))
             .await
             .ok()
             .and_then(|r| r.into_inner().container)
             .and_then(|c| c.spec)
             .and_then(|s| serde_json::from_slice::<serde_json::Value>(&s.value).ok());
-        *env.process.lock() = spec_json.map(|v| v["process"].clone());
-        if let Some((_, pid, _)) = self.task_state(&id).await {
-            env.pid.store(pid, Ordering::Relaxed);
+        let pid = self.task_state(id).await.map(|(_, p, _)| p).unwrap_or(0);
+        (spec_json.map(|v| v["process"].clone()), pid)
+    }
+
+    /// Count a create of pool key `digest` (its recipe is the latest request's).
+    fn note_demand(&self, digest: &str, recipe: SpareRecipe) {
+        let now = Instant::now();
+        let mut pool = self.pool.lock();
+        pool.last_create = Some(now);
+        let e = pool.keys.entry(digest.to_string()).or_default();
+        e.demand.ask(now);
+        e.recipe = Some(recipe);
+    }
+
+    /// Claim a running spare of `digest`: the mutation applied through its init's root, its
+    /// labels made the environment's. `None`: no spare (create one).
+    async fn claim(
+        self: &Arc<Self>,
+        digest: &str,
+        new_env: &(dyn Fn(String) -> Arc<Env> + Sync),
+        mutation: Option<(Mutation, Option<Vec<u8>>)>,
+        tm: &mut Timings,
+    ) -> Result<Option<EnvInfo>, EnvdError> {
+        loop {
+            let t = Instant::now();
+            let Some(spare) = self
+                .pool
+                .lock()
+                .keys
+                .get_mut(digest)
+                .and_then(|e| e.spares.pop())
+            else {
+                return Ok(None);
+            };
+            // Still running? (A spare whose init ended is dropped; the next one is tried.)
+            if !matches!(self.task_state(&spare.id).await, Some((2, _, _))) {
+                self.drop_spare(spare.id, spare.snapshotter);
+                continue;
+            }
+            let pre = t.elapsed();
+            let env = new_env(spare.id.clone());
+            self.events
+                .emit(&env.id, EnvState::Creating, env.source.clone());
+            if let Some((m, patch)) = mutation {
+                let mt = Instant::now();
+                let root = PathBuf::from(format!("/proc/{}/root", spare.pid));
+                let id = spare.id.clone();
+                let applied = tokio::task::spawn_blocking(move || {
+                    weenv_converter::mutate::apply_mutation_to_dir(&root, &m, patch.as_deref())
+                        .map(|_| ())
+                        .map_err(|error| EnvdError::PooledMutation {
+                            id,
+                            error: Box::new(error),
+                        })
+                })
+                .await
+                .unwrap_or_else(|e| Err(EnvdError::Internal(e.to_string())));
+                tm.record(run::Step::Mutate, mt.elapsed());
+                if let Err(e) = applied {
+                    self.events.emit(&env.id, EnvState::Failed, e.to_string());
+                    self.drop_spare(spare.id, spare.snapshotter);
+                    return Err(e);
+                }
+            }
+            let lt = Instant::now();
+            let mut labels = env.container_labels();
+            labels.insert(POOL_LABEL.to_string(), String::new());
+            let c = self.ctd();
+            let paths = labels.keys().map(|k| format!("labels.{k}")).collect();
+            let updated = ContainersClient::new(c.channel())
+                .update(c.req(UpdateContainerRequest {
+                    container: Some(Container {
+                        id: spare.id.clone(),
+                        labels,
+                        ..Default::default()
+                    }),
+                    update_mask: Some(prost_types::FieldMask { paths }),
+                }))
+                .await;
+            if let Err(status) = updated {
+                let e = weenv_cli::pull::PullError::Containerd {
+                    op: "container update",
+                    status,
+                };
+                self.events.emit(&env.id, EnvState::Failed, e.to_string());
+                self.drop_spare(spare.id, spare.snapshotter);
+                return Err(e.into());
+            }
+            tm.record(run::Step::Pool, pre + lt.elapsed());
+            *env.process.lock() = spare.process;
+            env.pid.store(spare.pid, Ordering::Relaxed);
+            self.envs.lock().insert(env.id.clone(), env.clone());
+            set_state(
+                &env,
+                &self.events,
+                EnvState::Running,
+                "the init runs (a pooled environment)",
+            );
+            self.watch(env.clone());
+            return Ok(Some(env.info()));
         }
-        set_state(&env, &self.events, EnvState::Running, "the init runs");
-        self.watch(env.clone());
-        Ok(env.info())
+    }
+
+    /// Delete a spare in the background (task, container, snapshot).
+    fn drop_spare(self: &Arc<Self>, id: String, snapshotter: String) {
+        let me = self.clone();
+        tokio::spawn(async move {
+            if let Err(e) = me.teardown(&id, &snapshotter).await {
+                tracing::warn!(env = %id, error = %e, "removing a pooled environment");
+            }
+        });
+    }
+
+    /// Kill the task, delete it, the container and its snapshot (each if there).
+    async fn teardown(&self, id: &str, snapshotter: &str) -> Result<(), EnvdError> {
+        let lc = self.lc();
+        if self.task_state(id).await.is_some() {
+            if let Err(e) = lc.kill_process(id, "", 9, true).await {
+                tracing::debug!(env = id, error = %e, "killing the environment");
+            }
+            let _ = tokio::time::timeout(Duration::from_secs(10), lc.wait_task(id)).await;
+            if let Err(e) = lc.delete_task(id).await {
+                tracing::warn!(env = id, error = %e, "deleting the environment's task");
+            }
+        }
+        let container = lc.delete_container(id).await;
+        let snapshot = lc.remove_snapshot(snapshotter, id).await;
+        if let Err(e) = container {
+            if !matches!(&e, weenv_cli::pull::PullError::Containerd { status, .. } if status.code() == tonic::Code::NotFound)
+            {
+                return Err(e.into());
+            }
+        }
+        snapshot?;
+        Ok(())
+    }
+
+    /// Keep the pool: every half second, once creates were quiet for [`Demand::QUIET`], start
+    /// the spares each key wants (two at a time) and remove those of idle keys.
+    pub fn spawn_pool(self: &Arc<Self>) {
+        if self.cfg.pool == 0 {
+            return;
+        }
+        let me = self.clone();
+        let slots = Arc::new(tokio::sync::Semaphore::new(POOL_FILL_PARALLELISM));
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(500));
+            loop {
+                tick.tick().await;
+                let now = Instant::now();
+                let mut start = Vec::new();
+                let mut idle = Vec::new();
+                {
+                    let mut pool = me.pool.lock();
+                    let quiet = pool
+                        .last_create
+                        .is_none_or(|t| now.saturating_duration_since(t) >= Demand::QUIET);
+                    let max = me.cfg.pool;
+                    pool.keys.retain(|digest, e| {
+                        if e.demand.idle(now) {
+                            idle.extend(e.spares.drain(..));
+                            return e.filling > 0;
+                        }
+                        if quiet {
+                            let want = e.demand.want(now, max);
+                            let n = pool::to_start(want, e.spares.len(), e.filling)
+                                .min(slots.available_permits());
+                            if let Some(r) = &e.recipe {
+                                for _ in 0..n {
+                                    e.filling += 1;
+                                    start.push((digest.clone(), r.clone()));
+                                }
+                            }
+                        }
+                        true
+                    });
+                }
+                for s in idle {
+                    me.drop_spare(s.id, s.snapshotter);
+                }
+                for (digest, recipe) in start {
+                    let Ok(permit) = slots.clone().acquire_owned().await else {
+                        return;
+                    };
+                    let me = me.clone();
+                    tokio::spawn(async move {
+                        let made = me.make_spare(&digest, recipe).await;
+                        drop(permit);
+                        let mut pool = me.pool.lock();
+                        let e = pool.keys.entry(digest.clone()).or_default();
+                        e.filling = e.filling.saturating_sub(1);
+                        match made {
+                            Ok(s) => e.spares.push(s),
+                            Err(err) => {
+                                tracing::warn!(pool = %digest, error = %err, "creating a pooled environment");
+                                // the demand is forgotten: a failing recipe does not loop
+                                e.demand = Demand::default();
+                            }
+                        }
+                    });
+                }
+            }
+        });
+    }
+
+    /// Create one spare of `recipe` (no mutation, only the pool label).
+    async fn make_spare(&self, digest: &str, recipe: SpareRecipe) -> Result<Spare, EnvdError> {
+        let id = format!("{}-{}", recipe.name, random_hex(5));
+        let mut o = recipe.o;
+        o.id = Some(id.clone());
+        o.labels = [(POOL_LABEL.to_string(), digest.to_string())].into();
+        let mut tm = Timings::default();
+        let started = match &recipe.plan {
+            Some(input) => {
+                run::compose_and_start_plan(
+                    &self.registry,
+                    self.ch.clone(),
+                    &o,
+                    input,
+                    Some(&self.installed),
+                    &mut tm,
+                )
+                .await?
+            }
+            None => run::pull_and_start(&self.registry, self.ch.clone(), &o, None, &mut tm).await?,
+        };
+        drop(started.task);
+        let (process, pid) = self.process_and_pid(&id).await;
+        tracing::debug!(pool = digest, env = %id, timings = %tm.render(), "pooled environment ready");
+        Ok(Spare {
+            id,
+            pid,
+            process,
+            snapshotter: o.snapshotter,
+        })
+    }
+
+    /// Delete every spare (at shutdown: they hold no state; environments stay).
+    pub async fn drain_pool(&self) {
+        let spares: Vec<Spare> = {
+            let mut pool = self.pool.lock();
+            pool.keys
+                .values_mut()
+                .flat_map(|e| e.spares.drain(..))
+                .collect()
+        };
+        futures::future::join_all(spares.iter().map(|s| async move {
+            if let Err(e) = self.teardown(&s.id, &s.snapshotter).await {
+                tracing::warn!(env = %s.id, error = %e, "removing a pooled environment");
+            }
+        }))
+        .await;
+    }
+
+    /// Delete the spares a previous run of the service left (they hold no state).
+    async fn remove_stale_spares(&self) -> Result<usize, EnvdError> {
+        let c = self.ctd();
+        let list = ContainersClient::new(c.channel())
+            .list(c.req(ListContainersRequest {
+                filters: vec![format!("labels.\"{POOL_LABEL}\"")],
+            }))
+            .await
+            .map_err(|status| weenv_cli::pull::PullError::Containerd {
+                op: "container list",
+                status,
+            })?
+            .into_inner();
+        let n = list.containers.len();
+        for ct in list.containers {
+            if let Err(e) = self.teardown(&ct.id, &ct.snapshotter).await {
+                tracing::warn!(env = %ct.id, error = %e, "removing a stale pooled environment");
+            }
+        }
+        Ok(n)
     }
 
     fn template(env: &Env) -> serde_json::Value {
@@ -694,6 +1074,31 @@ fn limit_of(l: u64) -> Result<u64, EnvdError> {
         ))),
         l => Ok(l),
     }
+}
+
+/// The sum of the base requests (millicores, bytes) in the weenv shims' node ledger
+/// (`ledger.json`: `entries.<ns/id>.base.{cpu_m,mem}`). Pure.
+pub fn ledger_requests(json: &str) -> (u64, u64) {
+    let v: serde_json::Value = serde_json::from_str(json).unwrap_or_default();
+    let Some(entries) = v["entries"].as_object() else {
+        return (0, 0);
+    };
+    entries.values().fold((0, 0), |(c, m), e| {
+        (
+            c + e["base"]["cpu_m"].as_u64().unwrap_or(0),
+            m + e["base"]["mem"].as_u64().unwrap_or(0),
+        )
+    })
+}
+
+/// `MemTotal` of `/proc/meminfo`, in bytes. Pure.
+pub fn mem_total(meminfo: &str) -> u64 {
+    meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map(|kib| kib << 10)
+        .unwrap_or(0)
 }
 
 /// Read a memory/cpu counter of the environment's cgroup (v1, then v2).
@@ -1111,6 +1516,43 @@ impl Envd for Arc<Service> {
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 
+    async fn node(&self, _req: Request<NodeRequest>) -> Result<Response<NodeInfo>, Status> {
+        let cache = weenv_converter::resolve_cache::ResolveCache::load(
+            &self.cfg.state_dir.join("resolve-cache"),
+        );
+        let ledger = self
+            .cfg
+            .shim_ledger_dir
+            .clone()
+            .unwrap_or_else(|| PathBuf::from("/run/weenv/ledger"))
+            .join("ledger.json");
+        let (cpu_requested, mem_requested) =
+            ledger_requests(&std::fs::read_to_string(ledger).unwrap_or_default());
+        let pooled = self
+            .pool
+            .lock()
+            .keys
+            .values()
+            .map(|e| e.spares.len() as u32)
+            .sum();
+        Ok(Response::new(NodeInfo {
+            name: std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .map(|h| h.trim().to_string())
+                .unwrap_or_default(),
+            groups: cache.references(),
+            environments: self.envs.lock().len() as u32,
+            pooled,
+            cpu_capacity_millicores: std::thread::available_parallelism()
+                .map(|n| n.get() as u64 * 1000)
+                .unwrap_or(1000),
+            memory_capacity_bytes: mem_total(
+                &std::fs::read_to_string("/proc/meminfo").unwrap_or_default(),
+            ),
+            cpu_requested_millicores: cpu_requested,
+            memory_requested_bytes: mem_requested,
+        }))
+    }
+
     async fn delete(
         &self,
         req: Request<DeleteRequest>,
@@ -1134,5 +1576,29 @@ impl Envd for Arc<Service> {
             }
         }
         Ok(Response::new(out))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ledger_requests_sum_the_bases() {
+        let j = r#"{"version":1,"entries":{
+            "ns/a":{"shim_pid":1,"shim_start":2,"base":{"cpu_m":500,"mem":1024},"granted":{"cpu_m":900,"mem":4096}},
+            "ns/b":{"shim_pid":3,"shim_start":4,"base":{"cpu_m":250,"mem":0},"granted":{"cpu_m":250,"mem":0}}}}"#;
+        assert_eq!(ledger_requests(j), (750, 1024));
+        assert_eq!(ledger_requests(""), (0, 0));
+        assert_eq!(ledger_requests("{\"entries\":{}}"), (0, 0));
+    }
+
+    #[test]
+    fn mem_total_in_bytes() {
+        assert_eq!(
+            mem_total("MemTotal:       24684004 kB\nMemFree: 1 kB\n"),
+            24684004 << 10
+        );
+        assert_eq!(mem_total("nothing"), 0);
     }
 }

@@ -149,6 +149,57 @@ fn python_sdk_against_a_real_service() -> Result<()> {
         "1".into(),
     ];
     let python = Path::new(env!("CARGO_MANIFEST_DIR")).join("../python");
+    let path_var = format!(
+        "{}:{}",
+        path(&default_shim_dir()),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    // A benchmark on this stack instead of pytest (integration/bench/envd_create.py): the
+    // service started here, its address and the plan handed over in the environment.
+    if let Ok(run) = std::env::var("WEENV_ENVD_RUN") {
+        let argv: Vec<String> =
+            serde_json::from_str(&run).context("WEENV_ENVD_RUN: a JSON argv")?;
+        ensure!(!argv.is_empty(), "WEENV_ENVD_RUN: an empty argv");
+        let sock = tmp.path().join("envd.sock");
+        let log = std::fs::File::create(tmp.path().join("envd.log"))?;
+        // WEENV_ENVD_BIN: another build of the service (e.g. main's, for a before/after).
+        let bin = std::env::var("WEENV_ENVD_BIN").unwrap_or_else(|_| cmd[0].clone());
+        let mut envd = Command::new(bin)
+            .args(&cmd[1..])
+            .arg("--socket")
+            .arg(&sock)
+            .args(
+                std::env::var("WEENV_ENVD_ARGS")
+                    .map(|a| a.split_whitespace().map(str::to_string).collect::<Vec<_>>())
+                    .unwrap_or_default(),
+            )
+            .env("PATH", &path_var)
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()?;
+        for _ in 0..300 {
+            if sock.exists() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        let status = Command::new(&argv[0])
+            .args(&argv[1..])
+            .env("PYTHONPATH", python.join("src"))
+            .env("WEENV_ENVD_ADDRESS", format!("unix://{}", sock.display()))
+            .env("WEENV_TEST_PLAN", &plan)
+            .env("WEENV_TEST_GROUPS", serde_json::to_string(&groups)?)
+            .env("PATH", &path_var)
+            .status();
+        let _ = envd.kill();
+        let _ = envd.wait();
+        let _ = std::fs::copy(
+            tmp.path().join("envd.log"),
+            std::env::temp_dir().join("envd-bench.log"),
+        );
+        ensure!(status?.success(), "{argv:?} failed");
+        return Ok(());
+    }
     let status = Command::new("python3")
         .args([
             "-m",
@@ -170,14 +221,7 @@ fn python_sdk_against_a_real_service() -> Result<()> {
             serde_json::to_string(&["ctr", "-a", &path(ctd.address()), "-n", &ns])?,
         )
         .env("WEENV_TEST_LEDGER", &ledger_dir)
-        .env(
-            "PATH",
-            format!(
-                "{}:{}",
-                path(&default_shim_dir()),
-                std::env::var("PATH").unwrap_or_default()
-            ),
-        )
+        .env("PATH", &path_var)
         .status()
         .context("running pytest")?;
     if !status.success() {

@@ -51,10 +51,26 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def flag(cmd: list[str], name: str) -> str:
+    return cmd[cmd.index(name) + 1] if name in cmd else ""
+
+
+def with_flags(cmd: list[str], flags: dict[str, str]) -> list[str]:
+    out = list(cmd)
+    for k, v in flags.items():
+        if k in out:
+            out[out.index(k) + 1] = v
+        else:
+            out += [k, v]
+    return out
+
+
 class Service:
     """The weenv-envd under test (started and restarted by the fixture, if it may)."""
 
-    def __init__(self) -> None:
+    def __init__(self, variant: str = "", extra: list[str] | None = None) -> None:
+        """``variant``: a second service on the same stack (its own namespace, state and shim
+        ledger: another node as far as placement can tell); ``extra``: more flags."""
         self.cmd: list[str] | None = None
         raw = os.environ.get("WEENV_TEST_ENVD_CMD")
         self.dir = tempfile.mkdtemp(prefix="weenv-envd-py-")
@@ -62,6 +78,16 @@ class Service:
         self.log = Path(self.dir) / "envd.log"
         if raw:
             self.cmd = json.loads(raw)
+            if variant:
+                self.cmd = with_flags(
+                    self.cmd,
+                    {
+                        "--namespace": flag(self.cmd, "--namespace") + "-" + variant,
+                        "--state-dir": os.path.join(self.dir, "state"),
+                        "--shim-ledger-dir": os.path.join(self.dir, "ledger"),
+                    },
+                )
+            self.cmd += extra or []
             self.socket = os.path.join(self.dir, "envd.sock")
             self.address = "unix://" + self.socket
             self.token = "t-" + os.urandom(8).hex()
@@ -127,6 +153,36 @@ def service() -> Iterator[Service]:
             c.delete(left)
         c.close()
     s.stop()
+
+
+def stop_and_clean(s: Service) -> None:
+    if s.can_restart and s.proc is not None:
+        c = Client(s.address)
+        left = [e.id for e in c.list()]
+        if left:
+            c.delete(left)
+        c.close()
+    s.stop()
+
+
+@pytest.fixture
+def second_service(service: Service) -> Iterator[Service]:
+    """Another service on the same stack (another node to placement)."""
+    if not service.can_restart:
+        pytest.skip("a second service needs WEENV_TEST_ENVD_CMD")
+    s = Service("b")
+    yield s
+    stop_and_clean(s)
+
+
+@pytest.fixture
+def pooled_service(service: Service) -> Iterator[Service]:
+    """A service with a warm pool (--pool 4), in a namespace of its own."""
+    if not service.can_restart:
+        pytest.skip("a pooled service needs WEENV_TEST_ENVD_CMD")
+    s = Service("pool", ["--pool", "4"])
+    yield s
+    stop_and_clean(s)
 
 
 @pytest.fixture

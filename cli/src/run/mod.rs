@@ -23,7 +23,7 @@ pub mod spec;
 pub use spec::Limits;
 pub mod stdio;
 
-use crate::pull::{Ctd, PullError};
+use crate::pull::{Ctd, PullError, PullReport};
 use container::{ContainerRecord, Lifecycle, DEFAULT_RUNTIME};
 use oci_spec::image::ImageConfiguration;
 use rootfs::{MountedRootfs, RootfsError};
@@ -32,6 +32,7 @@ use spec::{
 };
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 use stdio::{StdioMode, TaskIo};
 use thiserror::Error;
@@ -152,6 +153,9 @@ pub enum Step {
     Exit,
     /// Deleting task, container and snapshot.
     Cleanup,
+    /// An environment service handing out a container it created ahead of demand (its
+    /// labels updated; the mutation, if any, is its own step).
+    Pool,
 }
 
 impl Step {
@@ -167,6 +171,7 @@ impl Step {
             Step::Start => "start",
             Step::Exit => "exit",
             Step::Cleanup => "cleanup",
+            Step::Pool => "pool",
         }
     }
 }
@@ -230,7 +235,7 @@ pub struct RunReport {
 }
 
 /// The patch bytes of an at-init mutation: a file relative to the plan, or a blob.
-async fn patch_bytes(
+pub async fn patch_bytes(
     client: &Client,
     m: &Mutation,
     plan_dir: &Path,
@@ -588,15 +593,46 @@ pub async fn compose_and_start(
     tm: &mut Timings,
 ) -> Result<Started, RunError> {
     let input = PlanInput::load(&o.plan)?;
-    compose_and_start_plan(client, ch, o, &input, tm).await
+    compose_and_start_plan(client, ch, o, &input, None, tm).await
 }
 
-/// [`compose_and_start`] of a plan already parsed (`o.plan` is not read).
+/// The images a long-running process (an environment service) installed on the node: per
+/// (image record, snapshotter) the layers of the last install, so the next start of the same
+/// composed image (same manifest digest) skips writing content, the record and the layer
+/// snapshots — tens of containerd metadata transactions. Concurrent starts of one image
+/// wait for its first install.
+#[derive(Default)]
+pub struct InstalledImages {
+    slots: std::sync::Mutex<HashMap<(String, String), Arc<tokio::sync::Mutex<Option<PullReport>>>>>,
+}
+
+impl InstalledImages {
+    fn slot(&self, image: &str, snapshotter: &str) -> Arc<tokio::sync::Mutex<Option<PullReport>>> {
+        self.slots
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .entry((image.to_string(), snapshotter.to_string()))
+            .or_default()
+            .clone()
+    }
+
+    /// Forget every install (e.g. after images were removed).
+    pub fn clear(&self) {
+        self.slots
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clear();
+    }
+}
+
+/// [`compose_and_start`] of a plan already parsed (`o.plan` is not read); with
+/// `installed_cache`, an image installed before by this process is not installed again.
 pub async fn compose_and_start_plan(
     client: &Client,
     ch: tonic::transport::Channel,
     o: &RunOptions,
     input: &PlanInput,
+    installed_cache: Option<&InstalledImages>,
     tm: &mut Timings,
 ) -> Result<Started, RunError> {
     let plan = &input.plan;
@@ -620,31 +656,60 @@ pub async fn compose_and_start_plan(
     }
 
     let id = run_id(o);
-    let mut c = Ctd::new(ch.clone(), &o.namespace).with_daemon(o.daemon.clone());
-    let group_blobs = image::group_blobs(&groups, |d| cache.blob(d))?;
-    let installed = image::store_and_prepare(
-        client,
-        &mut c,
-        &o.image,
-        image::Groups {
-            resolved: &groups,
-            blobs: &group_blobs,
-        },
-        &composed,
-        &o.snapshotter,
-        format!("weenv-run-image-{id}"),
-    )
-    .await?;
-    tm.record(Step::Compose, compose_t + installed.store);
-    tm.record(Step::Layers, installed.prepare);
-    tracing::debug!(
-        digest = %composed.manifest_digest,
-        image = %o.image,
-        compose_ms = compose_t.as_secs_f64() * 1e3,
-        store_ms = installed.store.as_secs_f64() * 1e3,
-        "composed on the node"
-    );
-    let l = &installed.layers;
+    // The image of these groups installed by this process before (`installed`): its record,
+    // content and layer snapshots are there, so only the container is made. One install per
+    // image at a time; the others wait for it and use it.
+    let slot = installed_cache.map(|c| c.slot(&o.image, &o.snapshotter));
+    let mut held = match &slot {
+        Some(s) => Some(s.lock().await),
+        None => None,
+    };
+    let hit = held
+        .as_deref()
+        .and_then(Option::as_ref)
+        .filter(|l: &&PullReport| l.manifest == composed.manifest_digest.as_str())
+        .cloned();
+    let l = match hit {
+        Some(mut l) => {
+            tm.record(Step::Compose, compose_t);
+            tm.record(Step::Layers, Duration::ZERO);
+            // every layer is on the node already
+            l.present_layers += l.remote_layers + l.applied_layers;
+            (l.remote_layers, l.applied_layers) = (0, 0);
+            l
+        }
+        None => {
+            let mut c = Ctd::new(ch.clone(), &o.namespace).with_daemon(o.daemon.clone());
+            let group_blobs = image::group_blobs(&groups, |d| cache.blob(d))?;
+            let installed = image::store_and_prepare(
+                client,
+                &mut c,
+                &o.image,
+                image::Groups {
+                    resolved: &groups,
+                    blobs: &group_blobs,
+                },
+                &composed,
+                &o.snapshotter,
+                format!("weenv-run-image-{id}"),
+            )
+            .await?;
+            tm.record(Step::Compose, compose_t + installed.store);
+            tm.record(Step::Layers, installed.prepare);
+            tracing::debug!(
+                digest = %composed.manifest_digest,
+                image = %o.image,
+                compose_ms = compose_t.as_secs_f64() * 1e3,
+                store_ms = installed.store.as_secs_f64() * 1e3,
+                "composed on the node"
+            );
+            if let Some(h) = held.as_deref_mut() {
+                *h = Some(installed.layers.clone());
+            }
+            installed.layers
+        }
+    };
+    drop(held);
 
     // Read the patch before creating anything.
     let patch = match (&input.patch, plan.init_mutation()) {
@@ -661,7 +726,17 @@ pub async fn compose_and_start_plan(
         plan.init_mutation().map(|m| (m, patch.as_deref())),
         tm,
     )
-    .await?;
+    .await;
+    let task = match (task, &slot) {
+        (Ok(t), _) => t,
+        // The installed image went away under us (its record removed, the snapshots
+        // collected): forget it; the next start installs it again.
+        (Err(e), Some(s)) => {
+            *s.lock().await = None;
+            return Err(e);
+        }
+        (Err(e), None) => return Err(e),
+    };
     Ok(Started {
         task,
         manifest_digest: composed.manifest_digest.to_string(),

@@ -29,12 +29,15 @@ from weenv._core import (
 )
 from weenv.aio import AsyncClient, AsyncEnvironment, AsyncSession
 from weenv.client import Client, Environment, Files, Session
+from weenv.placement import AsyncCluster, Cluster
 
 __all__ = [
     "AsyncClient",
+    "AsyncCluster",
     "AsyncEnvironment",
     "AsyncSession",
     "Client",
+    "Cluster",
     "CommandTimeout",
     "CreateError",
     "EnvInfo",

@@ -5,9 +5,11 @@ from __future__ import annotations
 import io
 import os
 import tarfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import TracebackType
+from typing import Any, Generic, TypeVar
 
 import grpc
 
@@ -79,6 +81,7 @@ class CreateError(WeenvError):
     def __init__(self, index: int, message: str) -> None:
         super().__init__(f"environment {index}: {message}")
         self.index = index
+        self.message = message
 
 
 class CommandTimeout(WeenvError, TimeoutError):
@@ -331,12 +334,31 @@ def exec_request(
 
 
 class ExecCollector:
-    """Turns the Exec stream's events into an :class:`ExecResult`."""
+    """Turns the Exec stream's events into an :class:`ExecResult`, handing output chunks to
+    the callbacks as they come."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        on_stdout: Callable[[bytes], None] | None = None,
+        on_stderr: Callable[[bytes], None] | None = None,
+    ) -> None:
         self.out = bytearray()
         self.err = bytearray()
         self.exit: pb.ExecExit | None = None
+        self.on_stdout = on_stdout
+        self.on_stderr = on_stderr
+
+    @property
+    def streamed(self) -> bool:
+        return self.on_stdout is not None or self.on_stderr is not None
+
+    def feed(self, ev: pb.ExecEvent) -> None:
+        got = self.add(ev)
+        if got is not None:
+            kind, data = got
+            cb = self.on_stdout if kind == "stdout" else self.on_stderr
+            if cb is not None:
+                cb(data)
 
     def add(self, ev: pb.ExecEvent) -> tuple[str, bytes] | None:
         kind = ev.WhichOneof("event")
@@ -407,3 +429,186 @@ def upload_chunks(env_id: str, dest: str, data: bytes) -> list[pb.UploadChunk]:
 def untar_into(data: bytes, local_dir: str | os.PathLike[str]) -> None:
     with tarfile.open(fileobj=io.BytesIO(data), mode="r") as t:
         t.extractall(local_dir, filter="data")
+
+
+@dataclass
+class NodeView:
+    """One service's node as placement sees it (:mod:`weenv.placement`): ``address`` is the
+    client's (its identity), ``groups`` the group references it holds."""
+
+    address: str
+    name: str = ""
+    groups: frozenset[str] = frozenset()
+    environments: int = 0
+    pooled: int = 0
+    cpu_capacity_m: int = 0
+    memory_capacity: int = 0
+    cpu_requested_m: int = 0
+    memory_requested: int = 0
+
+    @classmethod
+    def from_proto(cls, address: str, n: pb.NodeInfo) -> NodeView:
+        return cls(
+            address=address,
+            name=n.name,
+            groups=frozenset(n.groups),
+            environments=n.environments,
+            pooled=n.pooled,
+            cpu_capacity_m=n.cpu_capacity_millicores,
+            memory_capacity=n.memory_capacity_bytes,
+            cpu_requested_m=n.cpu_requested_millicores,
+            memory_requested=n.memory_requested_bytes,
+        )
+
+
+# ---- calls: what the sync and async clients send and how they read the answer ----
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Call(Generic[T]):
+    """One unary RPC: the method, its request, and the answer's parser."""
+
+    method: str
+    request: Any
+    parse: Callable[[Any], T]
+
+
+def _envs(r: pb.ListResponse) -> list[EnvInfo]:
+    return [EnvInfo.from_proto(e) for e in r.envs]
+
+
+def _deleted(r: pb.DeleteResponse) -> list[str]:
+    if r.errors:
+        raise WeenvError("; ".join(r.errors))
+    return list(r.deleted)
+
+
+def list_call(labels: Mapping[str, str] | None) -> Call[list[EnvInfo]]:
+    return Call("List", pb.ListRequest(labels=dict(labels or {})), _envs)
+
+
+def stats_call(env_id: str) -> Call[Stats]:
+    return Call("Stats", pb.StatsRequest(env_id=env_id), Stats.from_proto)
+
+
+def info_call(env_id: str) -> Call[EnvInfo]:
+    return Call("Stats", pb.StatsRequest(env_id=env_id), lambda s: EnvInfo.from_proto(s.env))
+
+
+def delete_call(env_ids: Sequence[str]) -> Call[list[str]]:
+    return Call("Delete", pb.DeleteRequest(env_ids=list(env_ids)), _deleted)
+
+
+def read_call(env_id: str, path: str, limit: int) -> Call[bytes]:
+    req = pb.ReadFileRequest(env_id=env_id, path=path, limit=limit)
+    return Call("ReadFile", req, lambda r: bytes(r.data))
+
+
+def write_call(env_id: str, path: str, data: str | bytes, mode: int, parents: bool) -> Call[int]:
+    b = data.encode() if isinstance(data, str) else data
+    req = pb.WriteFileRequest(env_id=env_id, path=path, data=b, mode=mode, no_parents=not parents)
+    return Call("WriteFile", req, lambda r: int(r.bytes))
+
+
+def open_session_call(
+    env_id: str, shell: str, cwd: str | None, env: Mapping[str, str] | None
+) -> Call[str]:
+    req = pb.OpenSessionRequest(env_id=env_id, shell=shell, cwd=cwd or "", env=dict(env or {}))
+    return Call("OpenSession", req, lambda r: str(r.session_id))
+
+
+def run_in_session_call(
+    env_id: str, session_id: str, command: str, timeout: float | None, output_limit: int
+) -> Call[SessionResult]:
+    req = pb.RunInSessionRequest(
+        env_id=env_id,
+        session_id=session_id,
+        command=command,
+        timeout_seconds=float(timeout or 0),
+        output_limit=output_limit,
+    )
+    return Call("RunInSession", req, session_result)
+
+
+def close_session_call(env_id: str, session_id: str) -> Call[None]:
+    req = pb.CloseSessionRequest(env_id=env_id, session_id=session_id)
+    return Call("CloseSession", req, lambda _r: None)
+
+
+def node_call(address: str) -> Call[NodeView]:
+    return Call("Node", pb.NodeRequest(), lambda r: NodeView.from_proto(address, r))
+
+
+def events_request(env_id: str, replay: bool) -> pb.EventsRequest:
+    return pb.EventsRequest(env_id=env_id, replay=replay)
+
+
+def download_request(env_id: str, path: str) -> pb.DownloadRequest:
+    return pb.DownloadRequest(env_id=env_id, path=path)
+
+
+def create_request(specs: Sequence[EnvSpec], parallelism: int | None) -> pb.CreateRequest:
+    return pb.CreateRequest(envs=[s.to_proto() for s in specs], parallelism=parallelism or 0)
+
+
+E = TypeVar("E")
+
+
+class CreateResults(Generic[E]):
+    """The Create stream's answers in the order of the specs; ``make`` turns a created one
+    into the client's environment object."""
+
+    def __init__(self, n: int, make: Callable[[EnvInfo, dict[str, float], float], E]) -> None:
+        self._out: list[E | CreateError | None] = [None] * n
+        self._make = make
+
+    def add(self, r: pb.CreateResult) -> None:
+        if r.error:
+            self._out[r.index] = CreateError(r.index, r.error)
+        else:
+            timings = {t.step: t.ms for t in r.timings}
+            self._out[r.index] = self._make(EnvInfo.from_proto(r.env), timings, r.total_ms)
+
+    def done(self) -> tuple[list[E | CreateError], list[E], CreateError | None]:
+        """All results, the created ones, and the first error (if any)."""
+        out = [x if x is not None else CreateError(i, "no answer") for i, x in enumerate(self._out)]
+        created = [x for x in out if not isinstance(x, CreateError)]
+        errors = [x for x in out if isinstance(x, CreateError)]
+        return out, created, (errors[0] if errors else None)
+
+
+def already_gone(e: WeenvError) -> bool:
+    """A delete's error meaning the environment is gone already (a close is idempotent)."""
+    return e.code == grpc.StatusCode.NOT_FOUND or "no environment" in str(e)
+
+
+class Closing:
+    """``with x:`` closes ``x`` (sync)."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self: T) -> T:
+        return self
+
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+class AsyncClosing:
+    """``async with x:`` closes ``x``."""
+
+    async def close(self) -> None:
+        raise NotImplementedError
+
+    async def __aenter__(self: T) -> T:
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()

@@ -1,43 +1,61 @@
-"""The asynchronous SDK (``grpc.aio``): the same shape as :mod:`weenv.client`, awaitable."""
+"""The asynchronous SDK (``grpc.aio``): the same shape as :mod:`weenv.client`, awaitable; the
+same requests and parsing (:mod:`weenv._core`)."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 import grpc.aio
 
 from weenv._core import (
+    AsyncClosing,
+    Call,
     CreateError,
+    CreateResults,
     EnvInfo,
     EnvSpec,
     Event,
     ExecCollector,
     ExecResult,
+    NodeView,
     SessionResult,
     Stats,
     WeenvError,
+    already_gone,
     call_metadata,
     channel_options,
+    close_session_call,
+    create_request,
+    delete_call,
+    download_request,
+    events_request,
     exec_request,
+    info_call,
+    list_call,
     map_error,
+    node_call,
+    open_session_call,
+    read_call,
     resolve_address,
     resolve_token,
-    session_result,
+    run_in_session_call,
+    stats_call,
     tar_of,
     untar_into,
     upload_chunks,
+    write_call,
 )
 from weenv.envd.v1 import envd_pb2 as pb
 from weenv.envd.v1 import envd_pb2_grpc as rpc
 
 OutputCallback = Callable[[bytes], None]
+T = TypeVar("T")
 
 
-class AsyncClient:
+class AsyncClient(AsyncClosing):
     """A connection to one weenv-envd (see :class:`weenv.Client`)."""
 
     def __init__(self, address: str | None = None, token: str | None = None) -> None:
@@ -54,6 +72,9 @@ class AsyncClient:
         except grpc.RpcError as e:
             raise map_error(e) from None
 
+    async def run(self, c: Call[T]) -> T:
+        return c.parse(await self.call(c.method, c.request))
+
     async def stream(self, method: str, request: Any) -> AsyncIterator[Any]:
         try:
             async for m in getattr(self.stub, method)(request, metadata=self._md):
@@ -68,23 +89,15 @@ class AsyncClient:
         parallelism: int | None = None,
         raise_on_error: bool = True,
     ) -> list[AsyncEnvironment | CreateError]:
-        req = pb.CreateRequest(envs=[s.to_proto() for s in specs], parallelism=parallelism or 0)
-        out: list[AsyncEnvironment | CreateError | None] = [None] * len(specs)
-        async for r in self.stream("Create", req):
-            if r.error:
-                out[r.index] = CreateError(r.index, r.error)
-            else:
-                out[r.index] = AsyncEnvironment(
-                    self, EnvInfo.from_proto(r.env), {t.step: t.ms for t in r.timings}, r.total_ms
-                )
-        done = [x if x is not None else CreateError(i, "no answer") for i, x in enumerate(out)]
-        errors = [x for x in done if isinstance(x, CreateError)]
-        if raise_on_error and errors:
-            for x in done:
-                if isinstance(x, AsyncEnvironment):
-                    await x.close()
-            raise errors[0]
-        return done
+        res = CreateResults(len(specs), lambda i, t, ms: AsyncEnvironment(self, i, t, ms))
+        async for r in self.stream("Create", create_request(specs, parallelism)):
+            res.add(r)
+        out, created, error = res.done()
+        if raise_on_error and error is not None:
+            for x in created:
+                await x.close()
+            raise error
+        return out
 
     async def create(self, spec: EnvSpec) -> AsyncEnvironment:
         env = (await self.create_many([spec]))[0]
@@ -92,36 +105,23 @@ class AsyncClient:
         return env
 
     async def list(self, labels: Mapping[str, str] | None = None) -> list[EnvInfo]:
-        r = await self.call("List", pb.ListRequest(labels=dict(labels or {})))
-        return [EnvInfo.from_proto(e) for e in r.envs]
+        return await self.run(list_call(labels))
 
     async def get(self, env_id: str) -> AsyncEnvironment:
-        s = await self.call("Stats", pb.StatsRequest(env_id=env_id))
-        return AsyncEnvironment(self, EnvInfo.from_proto(s.env), {}, 0.0)
+        return AsyncEnvironment(self, await self.run(info_call(env_id)), {}, 0.0)
 
     async def events(self, env_id: str = "", *, replay: bool = True) -> AsyncIterator[Event]:
-        async for e in self.stream("Events", pb.EventsRequest(env_id=env_id, replay=replay)):
+        async for e in self.stream("Events", events_request(env_id, replay)):
             yield Event.from_proto(e)
 
     async def delete(self, env_ids: Sequence[str]) -> list[str]:
-        r = await self.call("Delete", pb.DeleteRequest(env_ids=list(env_ids)))
-        if r.errors:
-            raise WeenvError("; ".join(r.errors))
-        return list(r.deleted)
+        return await self.run(delete_call(env_ids))
+
+    async def node(self) -> NodeView:
+        return await self.run(node_call(self.address))
 
     async def close(self) -> None:
         await self._channel.close()
-
-    async def __aenter__(self) -> AsyncClient:
-        return self
-
-    async def __aexit__(
-        self,
-        et: type[BaseException] | None,
-        ev: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
 
 
 class AsyncFiles:
@@ -129,10 +129,7 @@ class AsyncFiles:
         self._env = env
 
     async def read(self, path: str, *, limit: int = 0) -> bytes:
-        r = await self._env.client.call(
-            "ReadFile", pb.ReadFileRequest(env_id=self._env.id, path=path, limit=limit)
-        )
-        return bytes(r.data)
+        return await self._env.client.run(read_call(self._env.id, path, limit))
 
     async def read_text(self, path: str, encoding: str = "utf-8", errors: str = "strict") -> str:
         return (await self.read(path)).decode(encoding, errors)
@@ -140,14 +137,7 @@ class AsyncFiles:
     async def write(
         self, path: str, data: str | bytes, *, mode: int = 0o644, parents: bool = True
     ) -> int:
-        b = data.encode() if isinstance(data, str) else data
-        r = await self._env.client.call(
-            "WriteFile",
-            pb.WriteFileRequest(
-                env_id=self._env.id, path=path, data=b, mode=mode, no_parents=not parents
-            ),
-        )
-        return int(r.bytes)
+        return await self._env.client.run(write_call(self._env.id, path, data, mode, parents))
 
     async def upload(self, local: str | os.PathLike[str], dest: str) -> int:
         return await self.upload_tar(tar_of(local), dest)
@@ -166,17 +156,14 @@ class AsyncFiles:
         return int(r.bytes)
 
     async def download_tar(self, path: str) -> bytes:
-        parts = []
-        req = pb.DownloadRequest(env_id=self._env.id, path=path)
-        async for c in self._env.client.stream("Download", req):
-            parts.append(c.data)
-        return b"".join(parts)
+        req = download_request(self._env.id, path)
+        return b"".join([c.data async for c in self._env.client.stream("Download", req)])
 
     async def download(self, path: str, local_dir: str | os.PathLike[str]) -> None:
         untar_into(await self.download_tar(path), local_dir)
 
 
-class AsyncSession:
+class AsyncSession(AsyncClosing):
     def __init__(self, env: AsyncEnvironment, session_id: str) -> None:
         self._env = env
         self.id = session_id
@@ -184,39 +171,17 @@ class AsyncSession:
     async def run(
         self, command: str, *, timeout: float | None = None, output_limit: int = 0
     ) -> SessionResult:
-        r = await self._env.client.call(
-            "RunInSession",
-            pb.RunInSessionRequest(
-                env_id=self._env.id,
-                session_id=self.id,
-                command=command,
-                timeout_seconds=float(timeout or 0),
-                output_limit=output_limit,
-            ),
-        )
-        return session_result(r)
+        c = run_in_session_call(self._env.id, self.id, command, timeout, output_limit)
+        return await self._env.client.run(c)
 
     async def close(self) -> None:
         try:
-            await self._env.client.call(
-                "CloseSession", pb.CloseSessionRequest(env_id=self._env.id, session_id=self.id)
-            )
+            await self._env.client.run(close_session_call(self._env.id, self.id))
         except WeenvError:
             pass
 
-    async def __aenter__(self) -> AsyncSession:
-        return self
 
-    async def __aexit__(
-        self,
-        et: type[BaseException] | None,
-        ev: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
-
-
-class AsyncEnvironment:
+class AsyncEnvironment(AsyncClosing):
     """A running environment, async (see :class:`weenv.Environment`)."""
 
     def __init__(
@@ -268,7 +233,7 @@ class AsyncEnvironment:
         on_stdout: OutputCallback | None = None,
         on_stderr: OutputCallback | None = None,
     ) -> ExecResult:
-        streamed = on_stdout is not None or on_stderr is not None
+        col = ExecCollector(on_stdout, on_stderr)
         req = exec_request(
             self.id,
             cmd,
@@ -277,16 +242,10 @@ class AsyncEnvironment:
             stdin=stdin,
             timeout=timeout,
             output_limit=output_limit,
-            buffered=not streamed,
+            buffered=not col.streamed,
         )
-        col = ExecCollector()
         async for ev in self.client.stream("Exec", req):
-            got = col.add(ev)
-            if got is not None:
-                kind, data = got
-                cb = on_stdout if kind == "stdout" else on_stderr
-                if cb is not None:
-                    cb(data)
+            col.feed(ev)
         return col.result()
 
     async def session(
@@ -296,14 +255,11 @@ class AsyncEnvironment:
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
     ) -> AsyncSession:
-        r = await self.client.call(
-            "OpenSession",
-            pb.OpenSessionRequest(env_id=self.id, shell=shell, cwd=cwd or "", env=dict(env or {})),
-        )
-        return AsyncSession(self, r.session_id)
+        sid = await self.client.run(open_session_call(self.id, shell, cwd, env))
+        return AsyncSession(self, sid)
 
     async def stats(self) -> Stats:
-        return Stats.from_proto(await self.client.call("Stats", pb.StatsRequest(env_id=self.id)))
+        return await self.client.run(stats_call(self.id))
 
     async def refresh(self) -> EnvInfo:
         self.info = (await self.stats()).env
@@ -316,19 +272,8 @@ class AsyncEnvironment:
         try:
             await self.client.delete([self.id])
         except WeenvError as e:
-            if e.code != grpc.StatusCode.NOT_FOUND and "no environment" not in str(e):
+            if not already_gone(e):
                 raise
-
-    async def __aenter__(self) -> AsyncEnvironment:
-        return self
-
-    async def __aexit__(
-        self,
-        et: type[BaseException] | None,
-        ev: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
 
     def __repr__(self) -> str:
         return f"AsyncEnvironment({self.id!r}, state={self.info.state!r})"

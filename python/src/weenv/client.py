@@ -1,42 +1,61 @@
-"""The synchronous SDK: :class:`Client` (one service), :class:`Environment`, sessions, files."""
+"""The synchronous SDK: :class:`Client` (one service), :class:`Environment`, sessions, files.
+
+Requests and the parsing of answers are :mod:`weenv._core`'s (shared with :mod:`weenv.aio`);
+this module only sends them."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 
 from weenv._core import (
+    Call,
+    Closing,
     CreateError,
+    CreateResults,
     EnvInfo,
     EnvSpec,
     Event,
     ExecCollector,
     ExecResult,
+    NodeView,
     SessionResult,
     Stats,
     WeenvError,
+    already_gone,
     call_metadata,
     channel_options,
+    close_session_call,
+    create_request,
+    delete_call,
+    download_request,
+    events_request,
     exec_request,
+    info_call,
+    list_call,
     map_error,
+    node_call,
+    open_session_call,
+    read_call,
     resolve_address,
     resolve_token,
-    session_result,
+    run_in_session_call,
+    stats_call,
     tar_of,
     untar_into,
     upload_chunks,
+    write_call,
 )
-from weenv.envd.v1 import envd_pb2 as pb
 from weenv.envd.v1 import envd_pb2_grpc as rpc
 
 OutputCallback = Callable[[bytes], None]
+T = TypeVar("T")
 
 
-class Client:
+class Client(Closing):
     """A connection to one weenv-envd (unix socket path or ``unix://``, or ``host:port``
     with a bearer ``token``; defaults from ``$WEENV_ENVD_ADDRESS`` / ``$WEENV_ENVD_TOKEN``)."""
 
@@ -51,6 +70,9 @@ class Client:
             return getattr(self.stub, method)(request, metadata=self._md, **kw)
         except grpc.RpcError as e:
             raise map_error(e) from None
+
+    def run(self, c: Call[T]) -> T:
+        return c.parse(self.call(c.method, c.request))
 
     def stream(self, method: str, request: Any) -> Iterator[Any]:
         try:
@@ -70,23 +92,15 @@ class Client:
         With ``raise_on_error`` the first failure is raised after the others were created
         (and deleted again); otherwise a failed one is its :class:`CreateError`.
         """
-        req = pb.CreateRequest(envs=[s.to_proto() for s in specs], parallelism=parallelism or 0)
-        out: list[Environment | CreateError | None] = [None] * len(specs)
-        for r in self.stream("Create", req):
-            if r.error:
-                out[r.index] = CreateError(r.index, r.error)
-            else:
-                out[r.index] = Environment(
-                    self, EnvInfo.from_proto(r.env), {t.step: t.ms for t in r.timings}, r.total_ms
-                )
-        done = [x if x is not None else CreateError(i, "no answer") for i, x in enumerate(out)]
-        errors = [x for x in done if isinstance(x, CreateError)]
-        if raise_on_error and errors:
-            for x in done:
-                if isinstance(x, Environment):
-                    x.close()
-            raise errors[0]
-        return done
+        res = CreateResults(len(specs), lambda i, t, ms: Environment(self, i, t, ms))
+        for r in self.stream("Create", create_request(specs, parallelism)):
+            res.add(r)
+        out, created, error = res.done()
+        if raise_on_error and error is not None:
+            for x in created:
+                x.close()
+            raise error
+        return out
 
     def create(self, spec: EnvSpec) -> Environment:
         env = self.create_many([spec])[0]
@@ -94,37 +108,25 @@ class Client:
         return env
 
     def list(self, labels: Mapping[str, str] | None = None) -> list[EnvInfo]:
-        r = self.call("List", pb.ListRequest(labels=dict(labels or {})))
-        return [EnvInfo.from_proto(e) for e in r.envs]
+        return self.run(list_call(labels))
 
     def get(self, env_id: str) -> Environment:
         """The running (or failed) environment ``env_id``, e.g. after a restart of the client."""
-        s = self.call("Stats", pb.StatsRequest(env_id=env_id))
-        return Environment(self, EnvInfo.from_proto(s.env), {}, 0.0)
+        return Environment(self, self.run(info_call(env_id)), {}, 0.0)
 
     def events(self, env_id: str = "", *, replay: bool = True) -> Iterator[Event]:
-        for e in self.stream("Events", pb.EventsRequest(env_id=env_id, replay=replay)):
+        for e in self.stream("Events", events_request(env_id, replay)):
             yield Event.from_proto(e)
 
     def delete(self, env_ids: Sequence[str]) -> list[str]:
-        r = self.call("Delete", pb.DeleteRequest(env_ids=list(env_ids)))
-        if r.errors:
-            raise WeenvError("; ".join(r.errors))
-        return list(r.deleted)
+        return self.run(delete_call(env_ids))
+
+    def node(self) -> NodeView:
+        """This node's groups and admission room (what placement reads)."""
+        return self.run(node_call(self.address))
 
     def close(self) -> None:
         self._channel.close()
-
-    def __enter__(self) -> Client:
-        return self
-
-    def __exit__(
-        self,
-        et: type[BaseException] | None,
-        ev: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
 
 class Files:
@@ -134,10 +136,7 @@ class Files:
         self._env = env
 
     def read(self, path: str, *, limit: int = 0) -> bytes:
-        r = self._env.client.call(
-            "ReadFile", pb.ReadFileRequest(env_id=self._env.id, path=path, limit=limit)
-        )
-        return bytes(r.data)
+        return self._env.client.run(read_call(self._env.id, path, limit))
 
     def read_text(self, path: str, encoding: str = "utf-8", errors: str = "strict") -> str:
         return self.read(path).decode(encoding, errors)
@@ -145,14 +144,7 @@ class Files:
     def write(
         self, path: str, data: str | bytes, *, mode: int = 0o644, parents: bool = True
     ) -> int:
-        b = data.encode() if isinstance(data, str) else data
-        r = self._env.client.call(
-            "WriteFile",
-            pb.WriteFileRequest(
-                env_id=self._env.id, path=path, data=b, mode=mode, no_parents=not parents
-            ),
-        )
-        return int(r.bytes)
+        return self._env.client.run(write_call(self._env.id, path, data, mode, parents))
 
     def upload(self, local: str | os.PathLike[str], dest: str) -> int:
         """Copy the local file or directory ``local`` into directory ``dest`` (created)."""
@@ -167,19 +159,15 @@ class Files:
         return int(r.bytes)
 
     def download_tar(self, path: str) -> bytes:
-        return b"".join(
-            c.data
-            for c in self._env.client.stream(
-                "Download", pb.DownloadRequest(env_id=self._env.id, path=path)
-            )
-        )
+        req = download_request(self._env.id, path)
+        return b"".join(c.data for c in self._env.client.stream("Download", req))
 
     def download(self, path: str, local_dir: str | os.PathLike[str]) -> None:
         """Copy ``path`` (file or directory) into the local directory ``local_dir``."""
         untar_into(self.download_tar(path), local_dir)
 
 
-class Session:
+class Session(Closing):
     """A persistent shell in an environment: cwd and variables survive between commands."""
 
     def __init__(self, env: Environment, session_id: str) -> None:
@@ -189,39 +177,17 @@ class Session:
     def run(
         self, command: str, *, timeout: float | None = None, output_limit: int = 0
     ) -> SessionResult:
-        r = self._env.client.call(
-            "RunInSession",
-            pb.RunInSessionRequest(
-                env_id=self._env.id,
-                session_id=self.id,
-                command=command,
-                timeout_seconds=float(timeout or 0),
-                output_limit=output_limit,
-            ),
-        )
-        return session_result(r)
+        c = run_in_session_call(self._env.id, self.id, command, timeout, output_limit)
+        return self._env.client.run(c)
 
     def close(self) -> None:
         try:
-            self._env.client.call(
-                "CloseSession", pb.CloseSessionRequest(env_id=self._env.id, session_id=self.id)
-            )
+            self._env.client.run(close_session_call(self._env.id, self.id))
         except WeenvError:
             pass
 
-    def __enter__(self) -> Session:
-        return self
 
-    def __exit__(
-        self,
-        et: type[BaseException] | None,
-        ev: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
-
-class Environment:
+class Environment(Closing):
     """A running environment (E2B's Sandbox, Modal's Sandbox): exec, sessions, files, close."""
 
     def __init__(
@@ -230,7 +196,8 @@ class Environment:
         self.client = client
         self.info = info
         self.id = info.id
-        #: Milliseconds of each creation step (resolve, compose, layers, prepare, mutate, ...).
+        #: Milliseconds of each creation step (resolve, compose, layers, prepare, mutate, ...;
+        #: ``pool`` when a pooled environment served it).
         self.timings = timings
         #: Milliseconds from the request until the init ran.
         self.create_ms = total_ms
@@ -278,7 +245,7 @@ class Environment:
         on_stderr: OutputCallback | None = None,
     ) -> ExecResult:
         """Run ``cmd`` (a shell line, or argv); output streamed to the callbacks as it comes."""
-        streamed = on_stdout is not None or on_stderr is not None
+        col = ExecCollector(on_stdout, on_stderr)
         req = exec_request(
             self.id,
             cmd,
@@ -287,16 +254,10 @@ class Environment:
             stdin=stdin,
             timeout=timeout,
             output_limit=output_limit,
-            buffered=not streamed,
+            buffered=not col.streamed,
         )
-        col = ExecCollector()
         for ev in self.client.stream("Exec", req):
-            got = col.add(ev)
-            if got is not None:
-                kind, data = got
-                cb = on_stdout if kind == "stdout" else on_stderr
-                if cb is not None:
-                    cb(data)
+            col.feed(ev)
         return col.result()
 
     def session(
@@ -306,14 +267,10 @@ class Environment:
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
     ) -> Session:
-        r = self.client.call(
-            "OpenSession",
-            pb.OpenSessionRequest(env_id=self.id, shell=shell, cwd=cwd or "", env=dict(env or {})),
-        )
-        return Session(self, r.session_id)
+        return Session(self, self.client.run(open_session_call(self.id, shell, cwd, env)))
 
     def stats(self) -> Stats:
-        return Stats.from_proto(self.client.call("Stats", pb.StatsRequest(env_id=self.id)))
+        return self.client.run(stats_call(self.id))
 
     def refresh(self) -> EnvInfo:
         self.info = self.stats().env
@@ -330,22 +287,11 @@ class Environment:
         try:
             self.client.delete([self.id])
         except WeenvError as e:
-            if e.code != grpc.StatusCode.NOT_FOUND and "no environment" not in str(e):
+            if not already_gone(e):
                 raise
 
     kill = close
     terminate = close
-
-    def __enter__(self) -> Environment:
-        return self
-
-    def __exit__(
-        self,
-        et: type[BaseException] | None,
-        ev: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"Environment({self.id!r}, state={self.info.state!r})"

@@ -376,6 +376,30 @@ class ListResponse(_message.Message):
     envs: _containers.RepeatedCompositeFieldContainer[EnvInfo]
     def __init__(self, envs: _Optional[_Iterable[_Union[EnvInfo, _Mapping]]] = ...) -> None: ...
 
+class NodeRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class NodeInfo(_message.Message):
+    __slots__ = ("name", "groups", "environments", "pooled", "cpu_capacity_millicores", "memory_capacity_bytes", "cpu_requested_millicores", "memory_requested_bytes")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    ENVIRONMENTS_FIELD_NUMBER: _ClassVar[int]
+    POOLED_FIELD_NUMBER: _ClassVar[int]
+    CPU_CAPACITY_MILLICORES_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_CAPACITY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CPU_REQUESTED_MILLICORES_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_REQUESTED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    groups: _containers.RepeatedScalarFieldContainer[str]
+    environments: int
+    pooled: int
+    cpu_capacity_millicores: int
+    memory_capacity_bytes: int
+    cpu_requested_millicores: int
+    memory_requested_bytes: int
+    def __init__(self, name: _Optional[str] = ..., groups: _Optional[_Iterable[str]] = ..., environments: _Optional[int] = ..., pooled: _Optional[int] = ..., cpu_capacity_millicores: _Optional[int] = ..., memory_capacity_bytes: _Optional[int] = ..., cpu_requested_millicores: _Optional[int] = ..., memory_requested_bytes: _Optional[int] = ...) -> None: ...
+
 class StatsRequest(_message.Message):
     __slots__ = ("env_id",)
     ENV_ID_FIELD_NUMBER: _ClassVar[int]

@@ -5,7 +5,7 @@ import warnings
 
 from weenv.envd.v1 import envd_pb2 as weenv_dot_envd_dot_v1_dot_envd__pb2
 
-GRPC_GENERATED_VERSION = '1.85.1'
+GRPC_GENERATED_VERSION = '1.85.4'
 GRPC_VERSION = grpc.__version__
 _version_not_supported = False
 
@@ -99,6 +99,11 @@ class EnvdStub:
                 request_serializer=weenv_dot_envd_dot_v1_dot_envd__pb2.DeleteRequest.SerializeToString,
                 response_deserializer=weenv_dot_envd_dot_v1_dot_envd__pb2.DeleteResponse.FromString,
                 _registered_method=True)
+        self.Node = channel.unary_unary(
+                '/weenv.envd.v1.Envd/Node',
+                request_serializer=weenv_dot_envd_dot_v1_dot_envd__pb2.NodeRequest.SerializeToString,
+                response_deserializer=weenv_dot_envd_dot_v1_dot_envd__pb2.NodeInfo.FromString,
+                _registered_method=True)
 
 
 class EnvdServicer:
@@ -188,6 +193,13 @@ class EnvdServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Node(self, request, context):
+        """What placement across nodes needs: the groups this node holds and its admission room.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_EnvdServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -255,6 +267,11 @@ def add_EnvdServicer_to_server(servicer, server):
                     servicer.Delete,
                     request_deserializer=weenv_dot_envd_dot_v1_dot_envd__pb2.DeleteRequest.FromString,
                     response_serializer=weenv_dot_envd_dot_v1_dot_envd__pb2.DeleteResponse.SerializeToString,
+            ),
+            'Node': grpc.unary_unary_rpc_method_handler(
+                    servicer.Node,
+                    request_deserializer=weenv_dot_envd_dot_v1_dot_envd__pb2.NodeRequest.FromString,
+                    response_serializer=weenv_dot_envd_dot_v1_dot_envd__pb2.NodeInfo.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -608,6 +625,33 @@ class Envd:
             '/weenv.envd.v1.Envd/Delete',
             weenv_dot_envd_dot_v1_dot_envd__pb2.DeleteRequest.SerializeToString,
             weenv_dot_envd_dot_v1_dot_envd__pb2.DeleteResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Node(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/weenv.envd.v1.Envd/Node',
+            weenv_dot_envd_dot_v1_dot_envd__pb2.NodeRequest.SerializeToString,
+            weenv_dot_envd_dot_v1_dot_envd__pb2.NodeInfo.FromString,
             options,
             channel_credentials,
             insecure,
