@@ -253,10 +253,15 @@ pub async fn run(
     if let Some(s) = stdin_task {
         s.abort();
     }
-    if let Err(e) = lc.delete_process(id, &exec_id).await {
-        tracing::debug!(error = %e, "deleting an exec process");
-    }
-    drop(io);
+    // Forgetting the exited process is the shim's bookkeeping, not the caller's answer: it
+    // runs after the exit went out (the FIFOs go with it).
+    let (lc2, id2) = (lc.clone(), id.to_string());
+    tokio::spawn(async move {
+        if let Err(e) = lc2.delete_process(&id2, &exec_id).await {
+            tracing::debug!(error = %e, "deleting an exec process");
+        }
+        drop(io);
+    });
     let status = status? as i32;
     Ok(ExecExit {
         exit_code: status,

@@ -103,6 +103,25 @@ pub fn to_start(want: usize, ready: usize, filling: usize) -> usize {
     want.saturating_sub(ready + filling)
 }
 
+/// The start time (`/proc/<pid>/stat` field 22) of a live (not zombie) process.
+pub fn start_time(pid: u32) -> Option<u64> {
+    if pid == 0 {
+        return None;
+    }
+    parse_start_time(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
+/// Field 22 of a `/proc/<pid>/stat` line, `None` for a zombie or dead process. Pure.
+pub fn parse_start_time(stat: &str) -> Option<u64> {
+    // the command (field 2) is in parentheses and may hold spaces: fields after its `)`
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    if matches!(f.first(), Some(&"Z") | Some(&"X") | None) {
+        return None;
+    }
+    f.get(19)?.parse().ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -153,6 +172,17 @@ mod tests {
         d.ask(later);
         assert_eq!(d.want(later, 64), 1);
         assert!(d.idle(later + Demand::IDLE + Duration::from_secs(1)));
+    }
+
+    #[test]
+    fn start_time_of_live_processes_only() {
+        let line = "4242 (sh -c x) S 1 4242 4242 0 -1 4194560 100 0 0 0 0 0 0 0 20 0 1 0 987654 2000000 100 18446744073709551615";
+        assert_eq!(parse_start_time(line), Some(987654));
+        let zombie = line.replace(") S ", ") Z ");
+        assert_eq!(parse_start_time(&zombie), None);
+        assert_eq!(parse_start_time("garbage"), None);
+        assert!(start_time(std::process::id()).is_some());
+        assert_eq!(start_time(0), None);
     }
 
     #[test]

@@ -88,6 +88,8 @@ struct PoolEntry {
 struct Spare {
     id: String,
     pid: u32,
+    /// Its init's start time ([`pool::start_time`]), against a reused pid.
+    started: u64,
     process: Option<serde_json::Value>,
     snapshotter: String,
 }
@@ -713,7 +715,7 @@ impl Service {
                 return Ok(None);
             };
             // Still running? (A spare whose init ended is dropped; the next one is tried.)
-            if !matches!(self.task_state(&spare.id).await, Some((2, _, _))) {
+            if pool::start_time(spare.pid).is_none_or(|t| t != spare.started) {
                 self.drop_spare(spare.id, spare.snapshotter);
                 continue;
             }
@@ -838,7 +840,7 @@ impl Service {
                     let max = me.cfg.pool;
                     pool.keys.retain(|digest, e| {
                         if e.demand.idle(now) {
-                            idle.extend(e.spares.drain(..));
+                            idle.append(&mut e.spares);
                             return e.filling > 0;
                         }
                         if quiet {
@@ -910,6 +912,7 @@ impl Service {
         Ok(Spare {
             id,
             pid,
+            started: pool::start_time(pid).unwrap_or(0),
             process,
             snapshotter: o.snapshotter,
         })

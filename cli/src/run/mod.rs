@@ -603,11 +603,14 @@ pub async fn compose_and_start(
 /// wait for its first install.
 #[derive(Default)]
 pub struct InstalledImages {
-    slots: std::sync::Mutex<HashMap<(String, String), Arc<tokio::sync::Mutex<Option<PullReport>>>>>,
+    slots: std::sync::Mutex<HashMap<(String, String), InstallSlot>>,
 }
 
+/// One image's last install (`None`: not installed, or forgotten); held while installing.
+type InstallSlot = Arc<tokio::sync::Mutex<Option<PullReport>>>;
+
 impl InstalledImages {
-    fn slot(&self, image: &str, snapshotter: &str) -> Arc<tokio::sync::Mutex<Option<PullReport>>> {
+    fn slot(&self, image: &str, snapshotter: &str) -> InstallSlot {
         self.slots
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)

@@ -5,7 +5,7 @@ import warnings
 
 from weenv.envd.v1 import envd_pb2 as weenv_dot_envd_dot_v1_dot_envd__pb2
 
-GRPC_GENERATED_VERSION = '1.85.4'
+GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
 _version_not_supported = False
 
