@@ -202,19 +202,11 @@ impl Service {
         if stale > 0 {
             tracing::info!(stale, "removed the pooled environments of a previous run");
         }
-        let c = self.ctd();
-        let list = ContainersClient::new(c.channel())
-            .list(c.req(ListContainersRequest {
-                filters: vec![format!("labels.\"{}\"==1", labels::MANAGED)],
-            }))
-            .await
-            .map_err(|status| weenv_cli::pull::PullError::Containerd {
-                op: "container list",
-                status,
-            })?
-            .into_inner();
+        let list = self
+            .list_containers(format!("labels.\"{}\"==1", labels::MANAGED))
+            .await?;
         let mut n = 0;
-        for ct in list.containers {
+        for ct in list {
             let runtime = ct
                 .runtime
                 .as_ref()
@@ -255,6 +247,22 @@ impl Service {
             }
         }
         Ok(n)
+    }
+
+    /// The namespace's containers matching `filter`.
+    async fn list_containers(&self, filter: String) -> Result<Vec<Container>, EnvdError> {
+        let c = self.ctd();
+        Ok(ContainersClient::new(c.channel())
+            .list(c.req(ListContainersRequest {
+                filters: vec![filter],
+            }))
+            .await
+            .map_err(|status| weenv_cli::pull::PullError::Containerd {
+                op: "container list",
+                status,
+            })?
+            .into_inner()
+            .containers)
     }
 
     /// (containerd task status, pid, exit status) of the init, `None` without a task.
@@ -937,19 +945,11 @@ impl Service {
 
     /// Delete the spares a previous run of the service left (they hold no state).
     async fn remove_stale_spares(&self) -> Result<usize, EnvdError> {
-        let c = self.ctd();
-        let list = ContainersClient::new(c.channel())
-            .list(c.req(ListContainersRequest {
-                filters: vec![format!("labels.\"{POOL_LABEL}\"")],
-            }))
-            .await
-            .map_err(|status| weenv_cli::pull::PullError::Containerd {
-                op: "container list",
-                status,
-            })?
-            .into_inner();
-        let n = list.containers.len();
-        for ct in list.containers {
+        let list = self
+            .list_containers(format!("labels.\"{POOL_LABEL}\""))
+            .await?;
+        let n = list.len();
+        for ct in list {
             if let Err(e) = self.teardown(&ct.id, &ct.snapshotter).await {
                 tracing::warn!(env = %ct.id, error = %e, "removing a stale pooled environment");
             }

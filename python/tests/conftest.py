@@ -146,13 +146,7 @@ def service() -> Iterator[Service]:
         pytest.skip("no service: set WEENV_TEST_ENVD_CMD or WEENV_ENVD_ADDRESS")
     s = Service()
     yield s
-    if s.can_restart:
-        c = Client(s.address)
-        left = [e.id for e in c.list()]
-        if left:
-            c.delete(left)
-        c.close()
-    s.stop()
+    stop_and_clean(s)
 
 
 def stop_and_clean(s: Service) -> None:
@@ -165,24 +159,24 @@ def stop_and_clean(s: Service) -> None:
     s.stop()
 
 
+def extra_service(service: Service, variant: str, extra: list[str]) -> Iterator[Service]:
+    if not service.can_restart:
+        pytest.skip(f"a {variant} service needs WEENV_TEST_ENVD_CMD")
+    s = Service(variant, extra)
+    yield s
+    stop_and_clean(s)
+
+
 @pytest.fixture
 def second_service(service: Service) -> Iterator[Service]:
     """Another service on the same stack (another node to placement)."""
-    if not service.can_restart:
-        pytest.skip("a second service needs WEENV_TEST_ENVD_CMD")
-    s = Service("b")
-    yield s
-    stop_and_clean(s)
+    yield from extra_service(service, "b", [])
 
 
 @pytest.fixture
 def pooled_service(service: Service) -> Iterator[Service]:
     """A service with a warm pool (--pool 4), in a namespace of its own."""
-    if not service.can_restart:
-        pytest.skip("a pooled service needs WEENV_TEST_ENVD_CMD")
-    s = Service("pool", ["--pool", "4"])
-    yield s
-    stop_and_clean(s)
+    yield from extra_service(service, "pool", ["--pool", "4"])
 
 
 @pytest.fixture

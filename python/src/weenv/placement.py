@@ -22,11 +22,11 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from weenv._core import AsyncClosing, Closing, CreateError, EnvInfo, EnvSpec, NodeView, WeenvError
 from weenv.aio import AsyncClient, AsyncEnvironment
@@ -176,7 +176,12 @@ class Cluster(Closing):
         with ThreadPoolExecutor(max(1, len(nodes))) as ex:
             results = list(ex.map(on, range(len(nodes))))
         out = _merge(len(specs), parts, results)
-        _raise_first(out, raise_on_error, lambda e: e.close())
+        first = _first_error(out) if raise_on_error else None
+        if first is not None:
+            for x in out:
+                if isinstance(x, Environment):
+                    x.close()
+            raise first
         return out
 
     def create(self, spec: EnvSpec) -> Environment:
@@ -223,13 +228,12 @@ class AsyncCluster(AsyncClosing):
 
         results = await asyncio.gather(*(on(i) for i in range(len(nodes))))
         out = _merge(len(specs), parts, list(results))
-        if raise_on_error:
-            errors = [x for x in out if isinstance(x, CreateError)]
-            if errors:
-                for x in out:
-                    if isinstance(x, AsyncEnvironment):
-                        await x.close()
-                raise errors[0]
+        first = _first_error(out) if raise_on_error else None
+        if first is not None:
+            for x in out:
+                if isinstance(x, AsyncEnvironment):
+                    await x.close()
+            raise first
         return out
 
     async def create(self, spec: EnvSpec) -> AsyncEnvironment:
@@ -242,12 +246,5 @@ class AsyncCluster(AsyncClosing):
             await c.close()
 
 
-def _raise_first(out: list[Any], raise_on_error: bool, close: Callable[[Any], None]) -> None:
-    if not raise_on_error:
-        return
-    errors = [x for x in out if isinstance(x, CreateError)]
-    if errors:
-        for x in out:
-            if not isinstance(x, CreateError):
-                close(x)
-        raise errors[0]
+def _first_error(out: Sequence[object]) -> CreateError | None:
+    return next((x for x in out if isinstance(x, CreateError)), None)
