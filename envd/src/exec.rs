@@ -66,6 +66,46 @@ pub fn process_json(
     p
 }
 
+/// The launcher: an exec process started ahead of a request (its `runc exec` off the
+/// request's path), waiting on its stdin for one line ([`launch_line`]) that sets cwd and
+/// variables and `exec`s the request's argv in its place — so the request's process is this
+/// exec process (the shim's exit status, kill and timeout as for any exec), its stdin the
+/// rest of the pipe. `read` takes the line byte by byte: nothing after it is consumed.
+pub const LAUNCHER: &[&str] = &["/bin/sh", "-c", "IFS= read -r l || exit 126; eval \"$l\""];
+
+/// The line a [`LAUNCHER`] runs: `cd` to `cwd`, `export` the variables, `exec` argv, each
+/// word single-quoted. `None` when a variable's name is not a shell name (the ordinary
+/// exec path takes it). Pure.
+pub fn launch_line(
+    argv: &[String],
+    cwd: Option<&str>,
+    env: &BTreeMap<String, String>,
+) -> Option<String> {
+    use crate::session::shell_quote as q;
+    let name_ok = |k: &str| {
+        let mut b = k.bytes();
+        b.next()
+            .is_some_and(|c| c == b'_' || c.is_ascii_alphabetic())
+            && b.all(|c| c == b'_' || c.is_ascii_alphanumeric())
+    };
+    if argv.is_empty() || !env.keys().all(|k| name_ok(k)) {
+        return None;
+    }
+    let mut line = String::new();
+    if let Some(c) = cwd.filter(|c| !c.is_empty()) {
+        line.push_str(&format!("cd {} || exit 126; ", q(c)));
+    }
+    for (k, v) in env {
+        line.push_str(&format!("export {}; ", q(&format!("{k}={v}"))));
+    }
+    line.push_str("exec");
+    for a in argv {
+        line.push(' ');
+        line.push_str(&q(a));
+    }
+    (!line.contains('\n')).then_some(line)
+}
+
 /// A started exec process: its stdio ends (and the FIFOs, removed on drop).
 pub struct Started {
     pub io: TaskIo,
@@ -303,6 +343,57 @@ mod tests {
         let p = process_json(&t, &["pwd".into()], Some("/tmp"), &BTreeMap::new());
         assert_eq!(p["cwd"], "/tmp");
         assert_eq!(p["env"], serde_json::json!(["PATH=/bin", "A=1"]));
+    }
+
+    #[test]
+    fn launch_lines_quote_every_word() {
+        let env = BTreeMap::from([("A_1".to_string(), "x y'z".to_string())]);
+        let argv = vec!["printf".to_string(), "%s\\n".to_string(), "a b".to_string()];
+        let l = launch_line(&argv, Some("/src dir"), &env).unwrap();
+        assert_eq!(
+            l,
+            "cd '/src dir' || exit 126; export 'A_1=x y'\\''z'; exec 'printf' '%s\\n' 'a b'"
+        );
+        // run by a real shell: the words arrive intact
+        let out = std::process::Command::new("/bin/sh")
+            .args(["-c", &format!("cd /; {}", l.replace("/src dir", "/"))])
+            .output()
+            .unwrap();
+        assert_eq!(out.stdout, b"a b\n");
+        assert_eq!(
+            launch_line(&argv, None, &BTreeMap::new()).unwrap(),
+            "exec 'printf' '%s\\n' 'a b'"
+        );
+        // not a shell name, or a newline: the ordinary path
+        let bad = BTreeMap::from([("A-B".to_string(), "1".to_string())]);
+        assert_eq!(launch_line(&argv, None, &bad), None);
+        assert_eq!(
+            launch_line(&["a\nb".to_string()], None, &BTreeMap::new()),
+            None
+        );
+        assert_eq!(launch_line(&[], None, &BTreeMap::new()), None);
+    }
+
+    #[test]
+    fn the_launcher_leaves_the_rest_of_stdin_to_the_program() {
+        use std::io::Write;
+        let line = launch_line(
+            &["wc".to_string(), "-c".to_string()],
+            None,
+            &BTreeMap::new(),
+        )
+        .unwrap();
+        let mut c = std::process::Command::new(LAUNCHER[0])
+            .args(&LAUNCHER[1..])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut i = c.stdin.take().unwrap();
+        i.write_all(format!("{line}\n12345").as_bytes()).unwrap();
+        drop(i);
+        let out = c.wait_with_output().unwrap();
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "5");
     }
 
     #[test]

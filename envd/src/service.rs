@@ -90,6 +90,9 @@ struct Spare {
     pid: u32,
     /// Its init's start time ([`pool::start_time`]), against a reused pid.
     started: u64,
+    /// Its first launcher ([`exec::LAUNCHER`]), started with it, and that one's variables.
+    launcher: Option<exec::Started>,
+    launcher_env: BTreeMap<String, String>,
     process: Option<serde_json::Value>,
     snapshotter: String,
 }
@@ -100,6 +103,8 @@ struct SpareRecipe {
     /// The plan without its at-init mutation (applied at the claim).
     plan: Option<PlanInput>,
     name: String,
+    /// The environment variables of the spare's first launcher.
+    env: HashMap<String, String>,
 }
 
 /// The shim's status directory of `ns/id`.
@@ -364,6 +369,7 @@ impl Service {
         for s in take_sessions(&env) {
             s.close_now().await;
         }
+        drop(env.launcher.lock().take());
         let res = self.teardown(id, &env.snapshotter).await;
         self.envs.lock().remove(id);
         res?;
@@ -525,6 +531,8 @@ impl Service {
                 sessions: Mutex::new(HashMap::new()),
                 running_execs: Default::default(),
                 exec_seq: Default::default(),
+                launcher: Mutex::new(None),
+                launcher_pending: Default::default(),
             })
         };
 
@@ -614,6 +622,7 @@ impl Service {
                     p
                 }),
                 name: name.to_string(),
+                env: spec.env.clone(),
             };
             self.note_demand(&digest, recipe);
             // The mutation a claim applies: the task's, else the plan's own at-init one.
@@ -675,6 +684,7 @@ impl Service {
         env.pid.store(pid, Ordering::Relaxed);
         set_state(&env, &self.events, EnvState::Running, "the init runs");
         self.watch(env.clone());
+        self.prime(env.clone());
         Ok(env.info())
     }
 
@@ -778,6 +788,8 @@ impl Service {
             }
             tm.record(run::Step::Pool, pre + lt.elapsed());
             *env.process.lock() = spare.process;
+            // (a launcher made with other variables than this environment's is not used)
+            *env.launcher.lock() = spare.launcher.filter(|_| spare.launcher_env == env.env);
             env.pid.store(spare.pid, Ordering::Relaxed);
             self.envs.lock().insert(env.id.clone(), env.clone());
             set_state(
@@ -787,6 +799,7 @@ impl Service {
                 "the init runs (a pooled environment)",
             );
             self.watch(env.clone());
+            self.prime(env.clone());
             return Ok(Some(env.info()));
         }
     }
@@ -916,11 +929,24 @@ impl Service {
         };
         drop(started.task);
         let (process, pid) = self.process_and_pid(&id).await;
+        let vars: BTreeMap<String, String> = recipe.env.into_iter().collect();
+        let launcher = self
+            .start_launcher(
+                &id,
+                process.as_ref().unwrap_or(&serde_json::Value::Null),
+                &vars,
+                &format!("l0-{}", random_hex(3)),
+            )
+            .await
+            .map_err(|e| tracing::debug!(env = %id, error = %e, "starting a launcher"))
+            .ok();
         tracing::debug!(pool = digest, env = %id, timings = %tm.render(), "pooled environment ready");
         Ok(Spare {
             id,
             pid,
             started: pool::start_time(pid).unwrap_or(0),
+            launcher,
+            launcher_env: vars,
             process,
             snapshotter: o.snapshotter,
         })
@@ -955,6 +981,44 @@ impl Service {
             }
         }
         Ok(n)
+    }
+
+    /// Start the environment's next launcher in the background (unless one is ready or on its
+    /// way).
+    fn prime(self: &Arc<Self>, env: Arc<Env>) {
+        if env.launcher.lock().is_some() || env.launcher_pending.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let me = self.clone();
+        tokio::spawn(async move {
+            let res = if env.state().0 == EnvState::Running {
+                let xid = Service::exec_id(&env, "l");
+                me.start_launcher(&env.id, &Service::template(&env), &env.env, &xid)
+                    .await
+                    .map(Some)
+            } else {
+                Ok(None)
+            };
+            match res {
+                Ok(Some(l)) => *env.launcher.lock() = Some(l),
+                Ok(None) => {}
+                Err(e) => tracing::debug!(env = %env.id, error = %e, "starting a launcher"),
+            }
+            env.launcher_pending.store(false, Ordering::Release);
+        });
+    }
+
+    /// A [`exec::LAUNCHER`] process in container `id`.
+    async fn start_launcher(
+        &self,
+        id: &str,
+        template: &serde_json::Value,
+        vars: &BTreeMap<String, String>,
+        xid: &str,
+    ) -> Result<exec::Started, EnvdError> {
+        let argv: Vec<String> = exec::LAUNCHER.iter().map(|s| s.to_string()).collect();
+        let p = exec::process_json(template, &argv, None, vars);
+        exec::start(&self.lc(), &self.io_dir(), id, xid, &p, true).await
     }
 
     fn template(env: &Env) -> serde_json::Value {
@@ -996,8 +1060,8 @@ impl Service {
     /// Run one command (the core of Exec, Upload, Download).
     #[allow(clippy::too_many_arguments)]
     async fn exec_inner(
-        &self,
-        env: &Env,
+        self: &Arc<Self>,
+        env: &Arc<Env>,
         argv: Vec<String>,
         cwd: Option<&str>,
         extra_env: &BTreeMap<String, String>,
@@ -1013,40 +1077,56 @@ impl Service {
         let lc = self.lc();
         let xid = Self::exec_id(env, "x");
         env.running_execs.fetch_add(1, Ordering::Relaxed);
-        let res =
-            async {
-                let started =
-                    match exec::start(&lc, &self.io_dir(), &env.id, &xid, &p, !stdin.is_empty())
-                        .await
-                    {
-                        Ok(s) => s,
-                        // What a shell answers for a command it cannot run (127): an agent's
-                        // tool call gets an exit code, not an API error.
-                        Err(e) if exec::is_not_found(&e) => {
-                            return Ok(ExecExit {
-                                exit_code: 127,
-                                duration_ms: t0.elapsed().as_secs_f64() * 1e3,
-                                stderr: format!("{}: {e}\n", argv[0]).into_bytes(),
-                                ..Default::default()
-                            })
-                        }
-                        Err(e) => return Err(e),
-                    };
-                exec::run(
-                    &lc,
-                    &env.id,
-                    started,
-                    RunParams {
-                        stdin,
-                        timeout,
-                        output_limit,
-                        tx,
-                    },
-                    t0,
-                )
-                .await
+        // A launcher started ahead takes the request: one line on its stdin, no `runc exec`
+        // on this path (the next launcher is started in the background).
+        let launched = exec::launch_line(&argv, cwd, extra_env)
+            .and_then(|line| env.launcher.lock().take().map(|l| (l, line)));
+        let (launched, stdin) = match launched {
+            Some((l, line)) => {
+                self.prime(env.clone());
+                let mut data = line.into_bytes();
+                data.push(b'\n');
+                data.extend_from_slice(&stdin);
+                (Some(l), data)
             }
-            .await;
+            None => (None, stdin),
+        };
+        let res = async {
+            let started = match launched {
+                Some(l) => Ok(l),
+                None => {
+                    exec::start(&lc, &self.io_dir(), &env.id, &xid, &p, !stdin.is_empty()).await
+                }
+            };
+            let started = match started {
+                Ok(s) => s,
+                // What a shell answers for a command it cannot run (127): an agent's
+                // tool call gets an exit code, not an API error.
+                Err(e) if exec::is_not_found(&e) => {
+                    return Ok(ExecExit {
+                        exit_code: 127,
+                        duration_ms: t0.elapsed().as_secs_f64() * 1e3,
+                        stderr: format!("{}: {e}\n", argv[0]).into_bytes(),
+                        ..Default::default()
+                    })
+                }
+                Err(e) => return Err(e),
+            };
+            exec::run(
+                &lc,
+                &env.id,
+                started,
+                RunParams {
+                    stdin,
+                    timeout,
+                    output_limit,
+                    tx,
+                },
+                t0,
+            )
+            .await
+        }
+        .await;
         env.running_execs.fetch_sub(1, Ordering::Relaxed);
         let mut exit = res?;
         self.exec_cause(env, &mut exit).await;

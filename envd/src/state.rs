@@ -63,6 +63,10 @@ pub struct Env {
     pub running_execs: AtomicU32,
     /// Counter for exec ids (unique per service process; ids also carry a random part).
     pub exec_seq: AtomicU32,
+    /// An exec process started ahead, waiting for the next exec's line ([`crate::exec::LAUNCHER`]).
+    pub launcher: Mutex<Option<crate::exec::Started>>,
+    /// A launcher is being started.
+    pub launcher_pending: std::sync::atomic::AtomicBool,
 }
 
 impl Env {
@@ -117,6 +121,8 @@ impl Env {
             sessions: Mutex::new(HashMap::new()),
             running_execs: AtomicU32::new(0),
             exec_seq: AtomicU32::new(0),
+            launcher: Mutex::new(None),
+            launcher_pending: Default::default(),
         })
     }
 
