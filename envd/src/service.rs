@@ -63,6 +63,9 @@ pub struct Config {
     pub pool: usize,
 }
 
+/// How long an exec waits for a launcher on its way before starting its own process.
+const LAUNCHER_WAIT: Duration = Duration::from_secs(5);
+
 /// Spares created at once.
 const POOL_FILL_PARALLELISM: usize = 2;
 
@@ -533,6 +536,7 @@ impl Service {
                 exec_seq: Default::default(),
                 launcher: Mutex::new(None),
                 launcher_pending: Default::default(),
+                launcher_ready: Default::default(),
             })
         };
 
@@ -1005,6 +1009,7 @@ impl Service {
                 Err(e) => tracing::debug!(env = %env.id, error = %e, "starting a launcher"),
             }
             env.launcher_pending.store(false, Ordering::Release);
+            env.launcher_ready.notify_waiters();
         });
     }
 
@@ -1079,8 +1084,29 @@ impl Service {
         env.running_execs.fetch_add(1, Ordering::Relaxed);
         // A launcher started ahead takes the request: one line on its stdin, no `runc exec`
         // on this path (the next launcher is started in the background).
-        let launched = exec::launch_line(&argv, cwd, extra_env)
-            .and_then(|line| env.launcher.lock().take().map(|l| (l, line)));
+        let line = exec::launch_line(&argv, cwd, extra_env);
+        let mut ready = env.launcher.lock().take();
+        if ready.is_none() && line.is_some() {
+            // One on its way (an environment's first exec right after its create): waiting
+            // for it costs one `runc exec`, starting another costs two.
+            let notified = env.launcher_ready.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if env.launcher_pending.load(Ordering::Acquire) {
+                let _ = tokio::time::timeout(LAUNCHER_WAIT, notified).await;
+                ready = env.launcher.lock().take();
+            }
+        }
+        let launched = match (ready, line) {
+            (Some(l), Some(line)) => Some((l, line)),
+            (l, _) => {
+                // not usable for this request: back for the next one
+                if let Some(l) = l {
+                    *env.launcher.lock() = Some(l);
+                }
+                None
+            }
+        };
         let (launched, stdin) = match launched {
             Some((l, line)) => {
                 self.prime(env.clone());

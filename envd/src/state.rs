@@ -67,6 +67,8 @@ pub struct Env {
     pub launcher: Mutex<Option<crate::exec::Started>>,
     /// A launcher is being started.
     pub launcher_pending: std::sync::atomic::AtomicBool,
+    /// Notified when a launcher start ended (ready or failed).
+    pub launcher_ready: tokio::sync::Notify,
 }
 
 impl Env {
@@ -123,6 +125,7 @@ impl Env {
             exec_seq: AtomicU32::new(0),
             launcher: Mutex::new(None),
             launcher_pending: Default::default(),
+            launcher_ready: Default::default(),
         })
     }
 
