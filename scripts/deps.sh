@@ -17,6 +17,7 @@ WEENV_APT_PACKAGES=(
   stargz-snapshotter  # ctr-remote: eStargz comparison in the benchmark
   golang-go golang-github-containerd-containerd-dev  # integration/go/stockrun: containerd's Go client (nerdctl's calls), GOPATH mode, offline
   python3 pkg-config gcc ca-certificates curl openssl
+  libseccomp-dev iptables  # scripts/go-tools.sh: runc with seccomp (cgo); the CNI portmap plugin
 )
 
 weenv_install_deps() {

@@ -97,6 +97,18 @@ pub enum PlanCmd {
     Compose(Box<ComposeArgs>),
     /// Artifacts and bytes to publish: weenv vs static bundling vs dynamic assembly.
     Stats(Box<StatsArgs>),
+    /// Publish a plan as an OCI artifact (plans by reference): its groups are resolved and
+    /// composed first (so a broken plan is never published), then the patch blob, the plan
+    /// config and the manifest are pushed to `--to`; prints `REF@DIGEST`. Nodes run the
+    /// reference through the weenv daemon's registry endpoint (`[plans]`, docs/kubernetes.md).
+    Publish {
+        plan: PathBuf,
+        /// Reference to publish the plan under (reg/repo:tag).
+        #[arg(long)]
+        to: String,
+        #[command(flatten)]
+        cache: CacheArgs,
+    },
     /// Upload a patch file as a blob for `[mutation] blob = "sha256:..."`; prints its digest.
     PushPatch {
         patch: PathBuf,
@@ -368,6 +380,31 @@ pub async fn run_plan(client: &Client, cmd: PlanCmd, json: bool) -> Result<()> {
                     _ => println!("{}", String::from_utf8_lossy(&composed.manifest_json)),
                 }
             }
+        }
+        PlanCmd::Publish { plan, to, cache } => {
+            let p = load_plan(&plan)?;
+            let patch = match p.init_mutation().and_then(|m| m.patch.as_ref()) {
+                Some(file) => {
+                    let path = plan
+                        .parent()
+                        .unwrap_or(std::path::Path::new("."))
+                        .join(file);
+                    Some(
+                        std::fs::read(&path)
+                            .with_context(|| format!("reading patch {}", path.display()))?,
+                    )
+                }
+                None => None,
+            };
+            let (mut c, policy) = cache_of(&cache);
+            compose_plan(client, &p, &mut c, unix_secs(SystemTime::now()), policy)
+                .await
+                .with_context(|| format!("plan {} does not compose", plan.display()))?;
+            let _ = c.save();
+            let artifact = weenv_env::plan_ref::build_plan_artifact(&p, patch.as_deref())?;
+            let target = parse_ref(&to)?;
+            let d = weenv_converter::plan::publish_plan(client, &artifact, &target).await?;
+            println!("{}@{d}", target);
         }
         PlanCmd::PushPatch { patch, to } => {
             let bytes =

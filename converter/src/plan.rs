@@ -162,6 +162,41 @@ pub async fn compose_plan(
     Ok((groups, composed))
 }
 
+/// Push a plan artifact under `target`: its patch blob, its config (the plan JSON), its
+/// manifest. Returns the manifest digest.
+pub async fn publish_plan(
+    client: &Client,
+    artifact: &weenv_env::plan_ref::PlanArtifact,
+    target: &Reference,
+) -> Result<Digest, PlanCmdError> {
+    let push_err = |source| PlanCmdError::Push {
+        target: target.to_string(),
+        error: Box::new(source),
+    };
+    if let Some((d, bytes)) = &artifact.patch {
+        client
+            .push_blob(target, &d.digest, Bytes::from(bytes.clone()))
+            .await
+            .map_err(push_err)?;
+    }
+    client
+        .push_blob(
+            target,
+            &artifact.manifest.config.digest,
+            Bytes::from(artifact.config_json.clone()),
+        )
+        .await
+        .map_err(push_err)?;
+    client
+        .push_manifest(
+            target,
+            Bytes::from(artifact.manifest_json.clone()),
+            MEDIA_TYPE_OCI_MANIFEST,
+        )
+        .await
+        .map_err(push_err)
+}
+
 /// What publishing a composed image did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PublishReport {

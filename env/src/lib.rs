@@ -12,6 +12,8 @@
 //!   group config, merged with command-line values.
 //! - [`plan`]: the strict, versioned plan file and [`plan::compose`], the pure composition of
 //!   resolved groups into one OCI image manifest + config (metadata only).
+//! - [`plan_ref`]: a plan published as an OCI artifact (plan JSON + patch blob) and its
+//!   composition with the mutation synthesised as a layer (plans by reference).
 //! - [`mutation`]: a per-task patch pre-applied over a base group's layers (union view with
 //!   whiteouts, range reads through the TOC) into a tiny layer tar.
 //! - [`patch`]: the unified-diff parser and all-or-nothing applier (in memory or on a
@@ -25,4 +27,5 @@ pub mod group;
 pub mod mutation;
 pub mod patch;
 pub mod plan;
+pub mod plan_ref;
 pub mod stats;

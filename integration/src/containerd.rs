@@ -53,6 +53,9 @@ pub struct ContainerdOptions {
     pub cri: Option<crate::cri::CriOptions>,
     /// How long to wait for the gRPC socket to answer. Default 30 s.
     pub start_timeout: Duration,
+    /// Which containerd: Debian's 1.6 on `PATH` (config version 2) or a 2.x build from
+    /// `scripts/go-tools.sh` (config version 3). Default [`Release::Debian`].
+    pub release: Release,
     /// Run containerd (and so its shims) in this named network namespace
     /// (`/run/netns/<name>`, entered with `nsenter --net`, which keeps the mount namespace:
     /// FUSE mounts stay visible). Default `None`: the caller's.
@@ -76,8 +79,94 @@ impl Default for ContainerdOptions {
             cri: None,
             start_timeout: Duration::from_secs(30),
             netns: None,
+            release: Release::Debian,
         }
     }
+}
+
+/// Which containerd a test runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Release {
+    /// Debian's containerd 1.6 (`containerd`, `ctr`, runc on `PATH`), config version 2.
+    Debian,
+    /// containerd 2.x built by `scripts/go-tools.sh` ([`crate::gotools::GoTools::containerd2`]):
+    /// `bin_dir` holds `containerd`, `ctr` and `containerd-shim-runc-v2` (put on containerd's
+    /// `PATH` before the system's), `runc` is the runc its runc runtime execs. Config version 3.
+    V2 { bin_dir: PathBuf, runc: PathBuf },
+}
+
+impl Release {
+    /// The `containerd` binary.
+    pub fn containerd(&self) -> PathBuf {
+        match self {
+            Release::Debian => PathBuf::from("containerd"),
+            Release::V2 { bin_dir, .. } => bin_dir.join("containerd"),
+        }
+    }
+    /// The `ctr` binary of the same release.
+    pub fn ctr(&self) -> PathBuf {
+        match self {
+            Release::Debian => PathBuf::from("ctr"),
+            Release::V2 { bin_dir, .. } => bin_dir.join("ctr"),
+        }
+    }
+    /// The config file's `version`.
+    pub fn config_version(&self) -> u32 {
+        match self {
+            Release::Debian => 2,
+            Release::V2 { .. } => 3,
+        }
+    }
+}
+
+/// The top of a containerd config (version 2 or 3, as `release` reads): root, state, sockets,
+/// the CRI plugins disabled unless `cri`, the weenv proxy snapshotter. For version 3 also the
+/// transfer service's unpack platforms (`ctr`/nerdctl pulls through the transfer service unpack
+/// only into snapshotters listed there) and runc's binary. Pure.
+pub fn base_config(
+    release: &Release,
+    base: &Path,
+    cri: bool,
+    proxy_snapshotter: Option<&Path>,
+) -> String {
+    let root = base.join("root");
+    let state = base.join("state");
+    let socket = base.join("containerd.sock");
+    let disabled = match (cri, release) {
+        (true, _) => "",
+        (false, Release::Debian) => "\"io.containerd.grpc.v1.cri\"",
+        (false, Release::V2 { .. }) => {
+            "\"io.containerd.grpc.v1.cri\", \"io.containerd.cri.v1.images\", \"io.containerd.cri.v1.runtime\""
+        }
+    };
+    let mut cfg = format!(
+        "version = {v}\nroot = {root:?}\nstate = {state:?}\n\
+         disabled_plugins = [{disabled}]\n\
+         [grpc]\n  address = {sock:?}\n[ttrpc]\n  address = {ttrpc:?}\n",
+        v = release.config_version(),
+        root = root.display().to_string(),
+        state = state.display().to_string(),
+        sock = socket.display().to_string(),
+        ttrpc = format!("{}.ttrpc", socket.display()),
+    );
+    if let Some(snap) = proxy_snapshotter {
+        cfg.push_str(&format!(
+            "[proxy_plugins]\n  [proxy_plugins.weenv]\n    type = \"snapshot\"\n    address = {:?}\n",
+            snap.display().to_string()
+        ));
+    }
+    if let Release::V2 { .. } = release {
+        let t = "[[plugins.\"io.containerd.transfer.v1.local\".unpack_config]]";
+        cfg.push_str(&format!(
+            "{t}\n  platform = \"linux/amd64\"\n  snapshotter = \"overlayfs\"\n  differ = \"walking\"\n"
+        ));
+        if proxy_snapshotter.is_some() {
+            cfg.push_str(&format!(
+                "{t}\n  platform = \"linux/amd64\"\n  snapshotter = \"weenv\"\n  differ = \"walking\"\n"
+            ));
+        }
+    }
+    cfg
 }
 
 /// A running private containerd; stopped and cleaned up on drop.
@@ -86,6 +175,7 @@ pub struct Containerd {
     child: Option<Child>,
     socket: PathBuf,
     namespace: String,
+    release: Release,
 }
 
 /// The workspace's `target/debug` (or `$CARGO_TARGET_DIR/debug`), or `$WEENV_SHIM_DIR`.
@@ -112,28 +202,17 @@ impl Containerd {
         fs::create_dir_all(&root)?;
         fs::create_dir_all(&state)?;
         let socket = base.join("containerd.sock");
-        let disabled = if opts.cri.is_some() {
-            ""
-        } else {
-            "\"io.containerd.grpc.v1.cri\""
-        };
-        let mut cfg = format!(
-            "version = 2\nroot = {root:?}\nstate = {state:?}\n\
-             disabled_plugins = [{disabled}]\n\
-             [grpc]\n  address = {sock:?}\n[ttrpc]\n  address = {ttrpc:?}\n",
-            root = root.display().to_string(),
-            state = state.display().to_string(),
-            sock = socket.display().to_string(),
-            ttrpc = format!("{}.ttrpc", socket.display()),
+        let mut cfg = base_config(
+            &opts.release,
+            base,
+            opts.cri.is_some(),
+            opts.proxy_snapshotter.as_deref(),
         );
-        if let Some(snap) = &opts.proxy_snapshotter {
-            cfg.push_str(&format!(
-                "[proxy_plugins]\n  [proxy_plugins.weenv]\n    type = \"snapshot\"\n    address = {:?}\n",
-                snap.display().to_string()
-            ));
-        }
         if let Some(cri) = &opts.cri {
-            cfg.push_str(&cri.config_toml(base)?);
+            cfg.push_str(&match &opts.release {
+                Release::Debian => cri.config_toml(base)?,
+                Release::V2 { runc, .. } => cri.config_toml_v3(base, runc)?,
+            });
         }
         cfg.push_str(&opts.extra_config);
         let cfg_path = base.join("config.toml");
@@ -142,6 +221,15 @@ impl Containerd {
         let shim_dir = opts.shim_dir.clone().unwrap_or_else(default_shim_dir);
         let mut path = OsString::from(shim_dir.as_os_str());
         path.push(":");
+        if let Release::V2 { bin_dir, runc } = &opts.release {
+            // 2.x's runc shim first; its runc's dir too (the weenv shim runs `runc` from PATH).
+            path.push(bin_dir.as_os_str());
+            path.push(":");
+            if let Some(d) = runc.parent() {
+                path.push(d.as_os_str());
+                path.push(":");
+            }
+        }
         path.push(
             std::env::var_os("PATH").unwrap_or_else(|| "/usr/sbin:/usr/bin:/sbin:/bin".into()),
         );
@@ -149,10 +237,11 @@ impl Containerd {
         let mut cmd = match &opts.netns {
             Some(ns) => {
                 let mut c = Command::new("nsenter");
-                c.arg(format!("--net=/run/netns/{ns}")).arg("containerd");
+                c.arg(format!("--net=/run/netns/{ns}"))
+                    .arg(opts.release.containerd());
                 c
             }
-            None => Command::new("containerd"),
+            None => Command::new(opts.release.containerd()),
         };
         let child = cmd
             .arg("--config")
@@ -168,6 +257,7 @@ impl Containerd {
             child: Some(child),
             socket,
             namespace: opts.namespace.clone(),
+            release: opts.release.clone(),
         };
         let deadline = Instant::now() + opts.start_timeout;
         loop {
@@ -194,6 +284,10 @@ impl Containerd {
     /// The gRPC socket (`ctr -a`).
     pub fn address(&self) -> &Path {
         &self.socket
+    }
+    /// Which containerd this is.
+    pub fn release(&self) -> &Release {
+        &self.release
     }
     /// containerd's `root` dir.
     pub fn root(&self) -> PathBuf {
@@ -238,7 +332,7 @@ impl Containerd {
 
     /// A `ctr -a <sock> -n <namespace>` command to customise (stdin, spawn in background).
     pub fn ctr_command(&self, namespace: &str, args: &[&str]) -> Command {
-        let mut c = Command::new("ctr");
+        let mut c = Command::new(self.release.ctr());
         c.arg("-a")
             .arg(&self.socket)
             .arg("-n")
@@ -414,7 +508,11 @@ impl Drop for Containerd {
             }
         }
         for (ns, id) in leftovers {
-            let _ = Command::new("runc")
+            let runc = match &self.release {
+                Release::V2 { runc, .. } => runc.clone(),
+                Release::Debian => PathBuf::from("runc"),
+            };
+            let _ = Command::new(runc)
                 .args(["--root", &format!("/run/containerd/runc/{ns}")])
                 .args(["delete", "--force", &id])
                 .stdout(Stdio::null())
@@ -504,4 +602,62 @@ fn run(cmd: &mut Command) -> Result<()> {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_v3_registers_weenv_for_the_transfer_service() -> Result<()> {
+        let r = Release::V2 {
+            bin_dir: "/x".into(),
+            runc: "/x/runc".into(),
+        };
+        let cfg = base_config(&r, Path::new("/t"), false, Some(Path::new("/t/snap.sock")));
+        let v: toml::Value = toml::from_str(&cfg)?;
+        assert_eq!(v["version"].as_integer(), Some(3));
+        assert_eq!(
+            v["proxy_plugins"]["weenv"]["address"].as_str(),
+            Some("/t/snap.sock")
+        );
+        let unpack = v["plugins"]["io.containerd.transfer.v1.local"]["unpack_config"]
+            .as_array()
+            .context("unpack_config")?;
+        let snaps: Vec<&str> = unpack
+            .iter()
+            .filter_map(|u| u["snapshotter"].as_str())
+            .collect();
+        assert_eq!(snaps, ["overlayfs", "weenv"]);
+        let disabled = v["disabled_plugins"].as_array().context("disabled")?;
+        assert_eq!(disabled.len(), 3, "{disabled:?}");
+        let v2: toml::Value =
+            toml::from_str(&base_config(&Release::Debian, Path::new("/t"), true, None))?;
+        assert_eq!(v2["version"].as_integer(), Some(2));
+        assert!(v2.get("plugins").is_none());
+        Ok(())
+    }
+
+    #[test]
+    fn shipped_v3_fragment_names_the_plugins_of_containerd_2() -> Result<()> {
+        let text = fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/containerd2-config.toml"),
+        )?;
+        let v: toml::Value = toml::from_str(&text)?;
+        assert_eq!(v["version"].as_integer(), Some(3));
+        let p = &v["plugins"];
+        assert_eq!(
+            p["io.containerd.cri.v1.images"]["snapshotter"].as_str(),
+            Some("weenv")
+        );
+        assert_eq!(
+            p["io.containerd.cri.v1.runtime"]["containerd"]["runtimes"]["weenv"]["runtime_type"]
+                .as_str(),
+            Some("io.containerd.weenv.v1")
+        );
+        assert!(p["io.containerd.transfer.v1.local"]["unpack_config"]
+            .as_array()
+            .is_some_and(|u| u.iter().any(|e| e["snapshotter"].as_str() == Some("weenv"))));
+        Ok(())
+    }
 }

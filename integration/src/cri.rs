@@ -49,6 +49,45 @@ pub struct CriOptions {
     pub sandbox_image: String,
     /// Registries (`host:port`) reached over plain HTTP (a `hosts.toml` each).
     pub plain_http: Vec<String>,
+    /// Pod networks through real CNI plugins (config version 3 only); `None`: empty CNI dirs
+    /// (host-network pods only).
+    pub cni: Option<CniNetwork>,
+}
+
+/// A CNI bridge network for pods: the plugins' dir (bridge, host-local, loopback, portmap from
+/// `scripts/go-tools.sh`) and the pod subnet. Meant for a containerd in a network namespace of
+/// the test's own ([`crate::containerd::ContainerdOptions::netns`]): the bridge and the pods'
+/// addresses exist only there.
+#[derive(Debug, Clone)]
+pub struct CniNetwork {
+    pub bin_dir: std::path::PathBuf,
+    pub subnet: String,
+}
+
+impl CniNetwork {
+    /// The network's conflist (bridge with host-local IPAM, portmap). Pure.
+    pub fn conflist(&self) -> String {
+        serde_json::json!({
+            "cniVersion": "1.0.0",
+            "name": "weenv-test",
+            "plugins": [
+                {
+                    "type": "bridge",
+                    "bridge": "weenv-cni0",
+                    "isGateway": true,
+                    "ipMasq": false,
+                    "hairpinMode": true,
+                    "ipam": {
+                        "type": "host-local",
+                        "ranges": [[{ "subnet": self.subnet }]],
+                        "routes": [{ "dst": "0.0.0.0/0" }]
+                    }
+                },
+                { "type": "portmap", "capabilities": { "portMappings": true } }
+            ]
+        })
+        .to_string()
+    }
 }
 
 impl CriOptions {
@@ -62,17 +101,7 @@ impl CriOptions {
         for d in [&cni_conf, &cni_bin, &certs] {
             std::fs::create_dir_all(d).with_context(|| format!("create {}", d.display()))?;
         }
-        for host in &self.plain_http {
-            let hd = certs.join(host);
-            std::fs::create_dir_all(&hd)?;
-            std::fs::write(
-                hd.join("hosts.toml"),
-                format!(
-                    "server = \"http://{host}\"\n[host.\"http://{host}\"]\n  \
-                     capabilities = [\"pull\", \"resolve\"]\n"
-                ),
-            )?;
-        }
+        self.write_hosts(&certs)?;
         let p = "[plugins.\"io.containerd.grpc.v1.cri\"";
         Ok(format!(
             "{p}]\n  sandbox_image = {sandbox:?}\n  disable_apparmor = true\n  restrict_oom_score_adj = true\n  \
@@ -91,6 +120,69 @@ impl CriOptions {
             snap = self.snapshotter,
             dsa = self.disable_snapshot_annotations,
         ))
+    }
+
+    /// The CRI plugins' config for containerd 2.x (config version 3: the image plugin
+    /// `io.containerd.cri.v1.images` has the snapshotter, its annotations switch, the pinned
+    /// sandbox image and the registry config path; the runtime plugin
+    /// `io.containerd.cri.v1.runtime` has CNI, the runtimes and the node restrictions; the
+    /// streaming server stays on `io.containerd.grpc.v1.cri`). `runc` is the runc binary of
+    /// the runc runtime. Creates the dirs it names under `base/cri`.
+    pub fn config_toml_v3(&self, base: &Path, runc: &Path) -> Result<String> {
+        let dir = base.join("cri");
+        let cni_conf = dir.join("cni-conf");
+        let empty_bin = dir.join("cni-bin");
+        let certs = dir.join("certs.d");
+        for d in [&cni_conf, &empty_bin, &certs] {
+            std::fs::create_dir_all(d).with_context(|| format!("create {}", d.display()))?;
+        }
+        self.write_hosts(&certs)?;
+        let cni_bin = match &self.cni {
+            Some(n) => {
+                std::fs::write(cni_conf.join("10-weenv-test.conflist"), n.conflist())?;
+                n.bin_dir.clone()
+            }
+            None => empty_bin,
+        };
+        let img = "[plugins.\"io.containerd.cri.v1.images\"";
+        let rt = "[plugins.\"io.containerd.cri.v1.runtime\"";
+        Ok(format!(
+            "{img}]\n  snapshotter = {snap:?}\n  disable_snapshot_annotations = {dsa}\n\
+             {img}.pinned_images]\n  sandbox = {sandbox:?}\n\
+             {img}.registry]\n  config_path = {certs:?}\n\
+             {rt}]\n  disable_apparmor = true\n  restrict_oom_score_adj = true\n\
+             {rt}.cni]\n  conf_dir = {conf:?}\n  bin_dirs = [{bin:?}]\n\
+             {rt}.containerd]\n  default_runtime_name = \"runc\"\n\
+             {rt}.containerd.runtimes.runc]\n  runtime_type = \"io.containerd.runc.v2\"\n\
+             {rt}.containerd.runtimes.runc.options]\n  BinaryName = {runc:?}\n\
+             {rt}.containerd.runtimes.{WEENV_HANDLER}]\n  runtime_type = \"io.containerd.weenv.v1\"\n  \
+             pod_annotations = [\"io.weenv.*\"]\n  container_annotations = [\"io.weenv.*\"]\n\
+             [plugins.\"io.containerd.grpc.v1.cri\"]\n  stream_server_address = \"127.0.0.1\"\n  \
+             stream_server_port = \"0\"\n",
+            sandbox = self.sandbox_image,
+            conf = cni_conf.display().to_string(),
+            bin = cni_bin.display().to_string(),
+            certs = certs.display().to_string(),
+            snap = self.snapshotter,
+            dsa = self.disable_snapshot_annotations,
+            runc = runc.display().to_string(),
+        ))
+    }
+
+    /// A `hosts.toml` per plain-HTTP registry under `certs`.
+    fn write_hosts(&self, certs: &Path) -> Result<()> {
+        for host in &self.plain_http {
+            let hd = certs.join(host);
+            std::fs::create_dir_all(&hd)?;
+            std::fs::write(
+                hd.join("hosts.toml"),
+                format!(
+                    "server = \"http://{host}\"\n[host.\"http://{host}\"]\n  \
+                     capabilities = [\"pull\", \"resolve\"]\n"
+                ),
+            )?;
+        }
+        Ok(())
     }
 }
 
@@ -167,6 +259,7 @@ mod tests {
             disable_snapshot_annotations: false,
             sandbox_image: "127.0.0.1:5000/pause:1".into(),
             plain_http: vec!["127.0.0.1:5000".into()],
+            cni: None,
         };
         let cfg = o.config_toml(t.path())?;
         let v: toml::Value = toml::from_str(&format!("version = 2\n{cfg}"))?;

@@ -6,6 +6,8 @@
 //! - [`images`]: test images built offline (busybox-static, Debian via debootstrap).
 //! - [`containerd`]: a private containerd with the weenv proxy snapshotter and shim.
 //! - [`cri`]: containerd's CRI plugin settings and a CRI client (the kubelet's calls).
+//! - [`gotools`]: containerd 2.x, runc, nerdctl, crictl, critest and CNI plugins built by
+//!   `scripts/go-tools.sh`.
 //! - [`cluster`]: K nodes in network namespaces (own containerd + snapshotter each) and a
 //!   registry behind an HTB-shaped link, for the peer cache.
 //! - [`debian_go`]: Go test programs built offline against Debian's containerd 1.6 sources.
@@ -14,10 +16,13 @@
 //! - [`untrusted_resources`]: images that try to exhaust the daemon's disk and memory.
 //! - [`untrusted_tocbind`]: weenv images whose TOC lies about the tar in the same blob.
 
+pub mod clients;
 pub mod cluster;
 pub mod containerd;
 pub mod cri;
+pub mod critest;
 pub mod debian_go;
+pub mod gotools;
 pub mod images;
 pub mod registry;
 pub mod snapconform;

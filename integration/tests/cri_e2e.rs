@@ -426,6 +426,7 @@ fn cri_containerd(
             disable_snapshot_annotations,
             sandbox_image: sandbox_image.into(),
             plain_http: vec![py.reg.host(), py.proxy.host()],
+            cni: None,
         }),
         ..Default::default()
     })?;

@@ -12,6 +12,7 @@
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod apply;
+pub mod bootstrap;
 pub mod cgroup;
 pub mod config;
 pub mod error;

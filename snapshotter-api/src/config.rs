@@ -88,6 +88,36 @@ pub struct Config {
     pub peers: PeersSection,
     #[serde(default)]
     pub trust: TrustSection,
+    pub plans: PlansSection,
+}
+
+/// Plans by reference: the node's read-only OCI distribution endpoint that containerd reaches
+/// as a registry mirror (`hosts.toml`); it composes plan artifacts on the node
+/// (docs/kubernetes.md, "Plans by reference").
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PlansSection {
+    /// `ip:port` to listen on (TCP; keep it on loopback: it serves whatever the daemon's
+    /// registry credentials can read). Empty (the default) disables the endpoint.
+    #[serde(default)]
+    pub listen: String,
+    /// Seconds a resolved group tag stays valid before it is resolved again (digest references
+    /// never are). Default 300.
+    #[serde(default = "default_plans_ttl")]
+    pub ttl_secs: u64,
+}
+
+fn default_plans_ttl() -> u64 {
+    300
+}
+
+impl Default for PlansSection {
+    fn default() -> Self {
+        Self {
+            listen: String::new(),
+            ttl_secs: default_plans_ttl(),
+        }
+    }
 }
 
 /// Registry access.
@@ -483,6 +513,7 @@ impl Default for Config {
             limits: LimitsSection::default(),
             peers: PeersSection::default(),
             trust: TrustSection::default(),
+            plans: PlansSection::default(),
         }
     }
 }
@@ -634,7 +665,19 @@ impl Config {
         self.listen_addr()?;
         self.peers.validate()?;
         self.trust.validate()?;
+        self.plans_addr()?;
         Ok(())
+    }
+
+    /// The plan endpoint's address (`None` when disabled).
+    pub fn plans_addr(&self) -> Result<Option<std::net::SocketAddr>, ConfigError> {
+        let s = self.plans.listen.trim();
+        if s.is_empty() {
+            return Ok(None);
+        }
+        s.parse()
+            .map(Some)
+            .map_err(|_| invalid("plans.listen", format!("{s:?} is not ip:port")))
     }
 
     /// The parsed observability address (`None` when disabled).
@@ -891,6 +934,19 @@ mod tests {
             parse("root_dir = \"/x\""),
             Err(ConfigError::Parse { .. })
         ));
+    }
+
+    #[test]
+    fn plans_section() {
+        let c = parse("version = 1\n[plans]\nlisten = \"127.0.0.1:9124\"\n").unwrap();
+        assert_eq!(
+            c.plans_addr().unwrap(),
+            Some("127.0.0.1:9124".parse().unwrap())
+        );
+        assert_eq!(c.plans.ttl_secs, 300);
+        assert_eq!(Config::default().plans_addr().unwrap(), None);
+        let e = parse("version = 1\n[plans]\nlisten = \"nope\"").unwrap_err();
+        assert!(e.to_string().contains("plans.listen"), "{e}");
     }
 
     #[test]

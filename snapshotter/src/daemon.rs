@@ -46,6 +46,8 @@ pub enum DaemonError {
     Http(#[from] crate::http::HttpError),
     #[error(transparent)]
     Peers(#[from] crate::peer::PeerError),
+    #[error("cannot serve plan references on {addr} (config plans.listen): {error}; stop what holds it, or set plans.listen to a free address (\"\" disables the endpoint)")]
+    PlansBind { addr: String, error: std::io::Error },
 }
 
 struct Obs {
@@ -211,6 +213,15 @@ pub async fn run(cfg: Config) -> Result<(), DaemonError> {
         Some(addr) => Some(http::bind(&addr).await?),
         None => None,
     };
+    let plans_listener = match cfg.plans_addr()? {
+        Some(a) => Some(tokio::net::TcpListener::bind(a).await.map_err(|error| {
+            DaemonError::PlansBind {
+                addr: a.to_string(),
+                error,
+            }
+        })?),
+        None => None,
+    };
     // Private to root whatever the umask (and narrowed if an older install left them wider);
     // the cache dir and the mountpoints are made by the layer store the same way.
     for d in [cfg.root_dir.clone(), cfg.snapshots_dir(), cfg.toc_dir()] {
@@ -263,8 +274,17 @@ pub async fn run(cfg: Config) -> Result<(), DaemonError> {
             }
         }));
     }
-    let registry = weenv_registry::Client::new(cfg.registry_config())?;
+    let registry = match cfg.plans_addr()? {
+        // containerd's hosts.toml names this daemon's plan endpoint as a mirror: the daemon's
+        // own requests must not go there.
+        Some(a) => weenv_registry::Client::new(crate::plans::without_own_mirror(
+            cfg.registry_config(),
+            &a.to_string(),
+        )?)?,
+        None => weenv_registry::Client::new(cfg.registry_config())?,
+    };
     let peers = crate::peer::start(&cfg.peers, layers.frames(), registry.clone()).await?;
+    let registry_for_plans = registry.clone();
     let sources = (!cfg.registry.containerd_socket.as_os_str().is_empty()).then(|| {
         Arc::new(ContainerdSources::new(
             cfg.registry.containerd_socket.clone(),
@@ -310,10 +330,25 @@ pub async fn run(cfg: Config) -> Result<(), DaemonError> {
             "no (the kernel is older than 4.17: directories' st_ino differs from readdir's d_ino)"
         }
     );
-    let svc = Arc::new(svc.with_overlay(overlay));
+    svc = svc.with_overlay(overlay);
+    let plans = plans_listener.map(|l| {
+        let server = Arc::new(crate::plans::PlanServer::new(
+            registry_for_plans.clone(),
+            std::time::Duration::from_secs(cfg.plans.ttl_secs),
+        ));
+        (server, l)
+    });
+    if let Some((p, _)) = &plans {
+        svc = svc.with_plans(p.clone());
+    }
+    let svc = Arc::new(svc);
     let (ok, failed) = svc.remount_all().await?;
     info!(remounted = ok, failed, "remote snapshots remounted");
     layers.serve()?;
+    if let Some((p, l)) = plans {
+        info!(listen = %cfg.plans.listen, "serving plan references (OCI distribution, read-only)");
+        tokio::spawn(crate::plans::serve::serve(p, l));
+    }
 
     if let Some(l) = listener {
         let obs = Arc::new(Obs {

@@ -34,6 +34,7 @@ pub mod layers;
 pub mod metrics;
 pub mod mounts;
 pub mod peer;
+pub mod plans;
 pub mod remote;
 pub mod service;
 pub mod status;

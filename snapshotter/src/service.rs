@@ -176,6 +176,8 @@ pub struct SnapshotService {
     trust: TrustSection,
     /// What the kernel's overlayfs supports (`xino`).
     overlay: OverlayFeatures,
+    /// Which group repository holds a layer of a plan composed on this node.
+    plans: Option<Arc<dyn crate::plans::PlanIndex>>,
 }
 
 /// containerd's default namespace (a Prepare without the namespace header).
@@ -210,6 +212,7 @@ impl SnapshotService {
             claims: None,
             trust: TrustSection::default(),
             overlay: OverlayFeatures::detect(),
+            plans: None,
         })
     }
 
@@ -234,6 +237,12 @@ impl SnapshotService {
     /// Finds the image of layers whose Prepare names only the layer through `sources`.
     pub fn with_sources(mut self, sources: Arc<dyn LayerSources>) -> Self {
         self.sources = Some(sources);
+        self
+    }
+
+    /// Layers of plans composed on this node are read from their groups' repositories.
+    pub fn with_plans(mut self, plans: Arc<dyn crate::plans::PlanIndex>) -> Self {
+        self.plans = Some(plans);
         self
     }
 
@@ -391,13 +400,30 @@ impl SnapshotService {
         namespace: &str,
         labels: &HashMap<String, String>,
     ) -> Option<RemoteLayerRequest> {
+        let home = |d: &weenv_format::Digest| self.plans.as_ref().and_then(|p| p.home(d));
         if let Some(r) = RemoteLayerRequest::from_labels(labels) {
+            // A plan reference names the plan's repository, which does not hold the layer.
+            let r = match home(&r.digest) {
+                Some(h) => RemoteLayerRequest {
+                    reference: h.reference,
+                    manifest: Some(h.manifest),
+                    ..r
+                },
+                None => r,
+            };
             return Some(RemoteLayerRequest {
                 namespace: Some(namespace.to_string()),
                 ..r
             });
         }
         let u = UnsourcedLayerRequest::from_labels(labels)?;
+        if let Some(h) = home(&u.layer.digest) {
+            debug!(digest = %u.layer.digest, reference = %h.reference, "layer of a plan composed on this node");
+            return Some(RemoteLayerRequest {
+                namespace: Some(namespace.to_string()),
+                ..u.with_source(h.reference, Some(h.manifest))
+            });
+        }
         let sources = self.sources.as_ref()?;
         match sources.source(namespace, &u.layer.digest).await {
             Ok(s) => {

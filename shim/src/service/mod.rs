@@ -137,6 +137,11 @@ impl Shim for Service {
 
     async fn start_shim(&mut self, opts: StartOpts) -> Result<String, containerd_shim::Error> {
         let grouping = opts.id.clone();
+        // containerd 2.x sends BootstrapParams on stdin, which `spawn` would parse as options.
+        let input = crate::bootstrap::normalise_stdin().map_err(|e| {
+            containerd_shim::Error::Other(format!("reading the start parameters on stdin: {e}"))
+        })?;
+        tracing::debug!(?input, "start parameters on stdin");
         let address = spawn(opts, &grouping, Vec::new()).await?;
         write_str_to_file("address", &address).await?;
         Ok(address)
