@@ -156,3 +156,83 @@ impl Crictl {
         &self.config
     }
 }
+
+/// One pod through crictl: what runs and what must come out.
+pub struct PodFlow<'a> {
+    /// Pod and container name.
+    pub name: &'a str,
+    pub image: &'a str,
+    /// The CRI runtime handler (`runp --runtime`).
+    pub handler: &'a str,
+    /// The container's command (it must keep running until `stop`).
+    pub command: &'a [&'a str],
+    /// `crictl logs` must contain this.
+    pub log_contains: &'a str,
+    /// `crictl exec` command and what its output must contain.
+    pub exec: &'a [&'a str],
+    pub exec_contains: &'a str,
+}
+
+impl Crictl {
+    /// `runp`, `create`, `start`, `exec`, `logs` (until `log_contains` shows), `stop`, `rm`,
+    /// `stopp`, `rmp` of `f` with files under `dir`; the seconds from the call to the awaited log
+    /// line. Fails if a command fails, an output lacks its text or a pod is left.
+    pub fn pod_flow(&self, dir: &Path, f: &PodFlow) -> Result<f64> {
+        let t = std::time::Instant::now();
+        std::fs::create_dir_all(dir.join("logs"))?;
+        let pod = dir.join(format!("{}-pod.json", f.name));
+        std::fs::write(
+            &pod,
+            serde_json::json!({
+                "metadata": {"name": f.name, "namespace": "weenv-test",
+                             "uid": format!("{}-{}", f.name, std::process::id())},
+                "log_directory": dir.join("logs").display().to_string(),
+                "linux": {"security_context": {"namespace_options": {"network": 2}}}
+            })
+            .to_string(),
+        )?;
+        let container = dir.join(format!("{}-container.json", f.name));
+        std::fs::write(
+            &container,
+            serde_json::json!({
+                "metadata": {"name": f.name},
+                "image": {"image": f.image},
+                "command": f.command,
+                "log_path": format!("{}.log", f.name)
+            })
+            .to_string(),
+        )?;
+        let (pod_s, ctr_s) = (pod.display().to_string(), container.display().to_string());
+        let pod_id = self.ok(&["runp", "--runtime", f.handler, &pod_s])?;
+        let pod_id = pod_id.trim();
+        let ctr_id = self.ok(&["create", pod_id, &ctr_s, &pod_s])?;
+        let ctr_id = ctr_id.trim();
+        self.ok(&["start", ctr_id])?;
+        let mut exec_args = vec!["exec", ctr_id];
+        exec_args.extend_from_slice(f.exec);
+        let exec = self.ok(&exec_args)?;
+        if !exec.contains(f.exec_contains) {
+            bail!("crictl exec {:?}: {exec:?} lacks {:?}", f.exec, f.exec_contains);
+        }
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        let first = loop {
+            let logs = self.ok(&["logs", ctr_id])?;
+            if logs.contains(f.log_contains) {
+                break t.elapsed().as_secs_f64();
+            }
+            if std::time::Instant::now() > deadline {
+                bail!("crictl logs {ctr_id}: {logs:?} lacks {:?}", f.log_contains);
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        self.ok(&["stop", "--timeout", "0", ctr_id])?;
+        self.ok(&["rm", ctr_id])?;
+        self.ok(&["stopp", pod_id])?;
+        self.ok(&["rmp", pod_id])?;
+        let pods = self.ok(&["pods", "-q"])?;
+        if !pods.trim().is_empty() {
+            bail!("pods left: {pods}");
+        }
+        Ok(first)
+    }
+}

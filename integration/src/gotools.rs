@@ -1,12 +1,17 @@
 //! The Go tools built by `scripts/go-tools.sh` (pinned versions, cached under
 //! `$WEENV_GO_TOOLS`, default `/var/tmp/weenv-go-tools`): containerd 2.x (`containerd`, `ctr`,
 //! `containerd-shim-runc-v2`), containerd 1.7, runc, nerdctl, crictl, critest and the CNI
-//! plugins. [`GoTools::ensure`] runs the script (it builds only what is missing: a cold build
-//! takes minutes, a warm call returns at once) and reads where each tool is from its `--list`,
-//! so the versions live in one place, the script.
+//! plugins. [`require`] reads where each tool is from the script's `--list` (so the versions
+//! live in one place, the script) and never builds: a cold build takes minutes, so CI builds the
+//! tools before the tests (`.ci/run`) and a developer runs `scripts/go-tools.sh` once.
+//!
+//! A missing tool fails the test in CI (the `CI` environment variable set, as `.ci/run` does)
+//! and skips it loudly elsewhere: a `SKIPPED` line on the test process's stderr, which cargo's
+//! output capture does not swallow.
 
 use anyhow::{bail, Context, Result};
 use std::collections::HashMap;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
@@ -46,35 +51,58 @@ pub fn parse_list(text: &str) -> HashMap<String, Tool> {
         .collect()
 }
 
+/// Whether this is a CI run (`CI` set to anything but empty, `0` or `false`). Pure on its input.
+pub fn is_ci(var: Option<&str>) -> bool {
+    !matches!(var.map(str::trim), None | Some("" | "0" | "false"))
+}
+
+/// The tools `names` for test `test`: `Some` when all are built; in CI an error when one is
+/// missing; outside CI `None` after a `SKIPPED` line on stderr (the test then returns `Ok`).
+pub fn require(test: &str, names: &[&str]) -> Result<Option<&'static GoTools>> {
+    let missing = match GoTools::find() {
+        Ok(t) => match names.iter().find_map(|n| t.tool(n).err()) {
+            None => return Ok(Some(t)),
+            Some(e) => e,
+        },
+        Err(e) => e,
+    };
+    if is_ci(std::env::var("CI").ok().as_deref()) {
+        return Err(missing.context(format!(
+            "{test}: a Go tool is missing in CI (.ci/run builds them with scripts/go-tools.sh)"
+        )));
+    }
+    // Straight to the process's stderr: the test harness captures eprintln!, not this.
+    let _ = writeln!(
+        std::io::stderr(),
+        "SKIPPED {test}: {missing:#} (build the tools with scripts/go-tools.sh; in CI this fails)"
+    );
+    Ok(None)
+}
+
 impl GoTools {
-    /// Builds what is missing (once per test process) and returns where the tools are.
-    pub fn ensure() -> Result<&'static GoTools> {
+    /// Where the tools are (read once per test process from `go-tools.sh --list`); whether each
+    /// is built is checked by [`GoTools::tool`].
+    pub fn find() -> Result<&'static GoTools> {
         static TOOLS: OnceLock<std::result::Result<GoTools, String>> = OnceLock::new();
         TOOLS
-            .get_or_init(|| Self::build().map_err(|e| format!("{e:#}")))
+            .get_or_init(|| Self::list().map_err(|e| format!("{e:#}")))
             .as_ref()
             .map_err(|e| anyhow::anyhow!("{e}"))
     }
 
-    fn build() -> Result<GoTools> {
-        let o = Command::new("bash")
-            .arg(script())
-            .output()
-            .context("running scripts/go-tools.sh")?;
-        if !o.status.success() {
-            bail!(
-                "scripts/go-tools.sh failed ({}): it needs Go >= 1.26 (/usr/local/go/bin/go) and the \
-                 Go module proxy\n{}{}",
-                o.status,
-                String::from_utf8_lossy(&o.stdout),
-                String::from_utf8_lossy(&o.stderr)
-            );
-        }
+    fn list() -> Result<GoTools> {
         let list = Command::new("bash")
             .arg(script())
             .arg("--list")
             .output()
             .context("running scripts/go-tools.sh --list")?;
+        if !list.status.success() {
+            bail!(
+                "scripts/go-tools.sh --list failed ({}): {}",
+                list.status,
+                String::from_utf8_lossy(&list.stderr)
+            );
+        }
         let tools = parse_list(&String::from_utf8_lossy(&list.stdout));
         if tools.is_empty() {
             bail!("scripts/go-tools.sh --list printed no tool");
@@ -121,6 +149,16 @@ impl GoTools {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ci_variable() {
+        assert!(is_ci(Some("true")));
+        assert!(is_ci(Some("1")));
+        assert!(!is_ci(None));
+        assert!(!is_ci(Some("")));
+        assert!(!is_ci(Some("false")));
+        assert!(!is_ci(Some("0")));
+    }
 
     #[test]
     fn list_lines() {

@@ -16,10 +16,10 @@ mod snapshotter_common;
 use anyhow::{ensure, Context, Result};
 use snapshotter_common::*;
 use std::time::{Duration, Instant};
-use weenv_integration::clients::{Crictl, Nerdctl};
+use weenv_integration::clients::{Crictl, Nerdctl, PodFlow};
 use weenv_integration::containerd::{Containerd, ContainerdOptions};
 use weenv_integration::cri::{CriOptions, WEENV_HANDLER};
-use weenv_integration::gotools::GoTools;
+use weenv_integration::gotools;
 
 const SCRIPT: &str = "import json, sys; print(json.dumps({'ok': sys.version_info[0]}))";
 const EXPECTED: &str = "{\"ok\": 3}";
@@ -54,7 +54,9 @@ fn nerdctl_pull_and_run(
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs root, fuse, docker-registry, skopeo, umoci, debootstrap and scripts/go-tools.sh (containerd 2.x, runc, nerdctl, crictl)"]
 async fn nerdctl_and_crictl_on_containerd2_run_weenv_images_lazily() -> Result<()> {
-    let tools = GoTools::ensure()?;
+    let Some(tools) = gotools::require("nerdctl_and_crictl_on_containerd2_run_weenv_images_lazily", &["containerd2", "runc", "nerdctl", "crictl"])? else {
+        return Ok(());
+    };
     let py = PythonImage::start().await?;
     let proxy = &py.proxy;
     let weenv = format!("{}/python:weenv", proxy.host());
@@ -162,55 +164,25 @@ async fn nerdctl_and_crictl_on_containerd2_run_weenv_images_lazily() -> Result<(
     let t = Instant::now();
     c.ok(&["pull", &weenv])?;
     let cri_pulled = t.elapsed().as_secs_f64();
-    let dir = py.tmp.path().join("crictl");
-    let pod = dir.join("pod.json");
-    std::fs::write(
-        &pod,
-        serde_json::json!({
-            "metadata": {"name": "py", "namespace": "weenv-test", "uid": format!("py-{}", std::process::id())},
-            "log_directory": dir.join("logs").display().to_string(),
-            "linux": {"security_context": {"namespace_options": {"network": 2}}}
-        })
-        .to_string(),
+    let first_cri = c.pod_flow(
+        &py.tmp.path().join("crictl"),
+        &PodFlow {
+            name: "py",
+            image: &weenv,
+            handler: WEENV_HANDLER,
+            command: &[
+                "python3",
+                "-c",
+                "import time; print('cri-started', flush=True); time.sleep(600)",
+            ],
+            log_contains: "cri-started",
+            exec: &["python3", "-c", SCRIPT],
+            exec_contains: EXPECTED,
+        },
     )?;
-    let container = dir.join("container.json");
-    std::fs::write(
-        &container,
-        serde_json::json!({
-            "metadata": {"name": "py"},
-            "image": {"image": weenv},
-            "command": ["python3", "-c", "import time; print('cri-started', flush=True); time.sleep(600)"],
-            "log_path": "py.log"
-        })
-        .to_string(),
-    )?;
-    let (pod_s, ctr_s) = (pod.display().to_string(), container.display().to_string());
-    let pod_id = c.ok(&["runp", "--runtime", WEENV_HANDLER, &pod_s])?;
-    let pod_id = pod_id.trim();
-    let ctr_id = c.ok(&["create", pod_id, &ctr_s, &pod_s])?;
-    let ctr_id = ctr_id.trim();
-    c.ok(&["start", ctr_id])?;
-    let exec = c.ok(&["exec", ctr_id, "python3", "-c", SCRIPT])?;
-    ensure!(exec.contains(EXPECTED), "crictl exec: {exec}");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let logs = c.ok(&["logs", ctr_id])?;
-        if logs.contains("cri-started") {
-            break;
-        }
-        ensure!(Instant::now() < deadline, "crictl logs: {logs:?}");
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    let first_cri = t.elapsed().as_secs_f64();
-    c.ok(&["stop", "--timeout", "0", ctr_id])?;
-    c.ok(&["rm", ctr_id])?;
-    c.ok(&["stopp", pod_id])?;
-    c.ok(&["rmp", pod_id])?;
-    let pods = c.ok(&["pods", "-q"])?;
-    ensure!(pods.trim().is_empty(), "pods left: {pods}");
     println!(
         "crictl on containerd 2.x (layers already on the node): registry served {} bytes; pull \
-         {cri_pulled:.2} s, exec output {first_cri:.2} s after the pull started",
+         {cri_pulled:.2} s, logs showed the output {first_cri:.2} s after runp",
         proxy.stats().bytes_served()
     );
 

@@ -28,10 +28,10 @@ use weenv_converter::registry_config;
 use weenv_env::group::{ConfigFragment, GroupKind};
 use weenv_env::plan::Plan;
 use weenv_format::writer::WriterOptions;
-use weenv_integration::clients::{ok_output, Crictl, Nerdctl};
+use weenv_integration::clients::{ok_output, Crictl, Nerdctl, PodFlow};
 use weenv_integration::containerd::{Containerd, ContainerdOptions, Release};
 use weenv_integration::cri::CriOptions;
-use weenv_integration::gotools::GoTools;
+use weenv_integration::gotools::{self, GoTools};
 use weenv_integration::images;
 use weenv_integration::registry::{CountingProxy, LocalRegistry};
 use weenv_integration::util::{free_port, require_root_and_bins, workspace_bin, E2E_FUSE_BINS};
@@ -87,6 +87,8 @@ fn check_output(out: &str) -> Result<()> {
 
 struct Env {
     host: String,
+    /// The CRI sandbox image, through the proxy.
+    pause: String,
     proxy: CountingProxy,
     tmp: tempfile::TempDir,
     client: Client,
@@ -109,6 +111,7 @@ async fn setup() -> Result<Env> {
     let tmp = tempfile::tempdir()?;
     let reg = LocalRegistry::start(tmp.path())?;
     reg.push(&images::busybox()?, "src/busybox:1")?;
+    reg.push(&images::pause()?, "src/pause:1")?;
     let proxy = CountingProxy::start(reg.addr())?;
     let host = proxy.host();
     let client = Client::new(registry_config(std::slice::from_ref(&host)))?;
@@ -161,6 +164,7 @@ async fn setup() -> Result<Env> {
     )
     .await?;
     Ok(Env {
+        pause: format!("{host}/src/pause:1"),
         host,
         proxy,
         tmp,
@@ -312,6 +316,7 @@ async fn scenario(release: Release, label: &str) -> Result<()> {
         &format!("{}/weenv/plans:bad-patch", e.host),
     )
     .await?;
+    let pause = e.pause.clone();
     let d = daemon(&e, &plans)?;
     let is_v2 = matches!(release, Release::V2 { .. });
     let hosts = hosts_dir(e.tmp.path(), &e.host, &plans)?;
@@ -321,7 +326,7 @@ async fn scenario(release: Release, label: &str) -> Result<()> {
         cri: is_v2.then(|| CriOptions {
             snapshotter: "weenv".into(),
             disable_snapshot_annotations: true,
-            sandbox_image: "unused.invalid/pause:1".into(),
+            sandbox_image: pause.clone(),
             plain_http: vec![],
             cni: None,
         }),
@@ -376,7 +381,7 @@ async fn scenario(release: Release, label: &str) -> Result<()> {
     );
 
     if let Release::V2 { .. } = release {
-        let tools = GoTools::ensure()?;
+        let tools = GoTools::find()?;
         // nerdctl run of the plan reference.
         let n = Nerdctl::new(
             &tools.bin("nerdctl", "nerdctl")?,
@@ -419,8 +424,45 @@ async fn scenario(release: Release, label: &str) -> Result<()> {
             &e.tmp.path().join("crictl"),
             Duration::from_secs(120),
         )?;
+        // The pause image first, so the counts below are the plan's alone.
+        c.ok(&["pull", &pause])?;
+        let remote0 = d.metric("weenv_remote_prepares_total{outcome=\"remote\"}")?;
+        e.proxy.stats().clear();
+        let t = Instant::now();
         let img = c.ok(&["pull", &plan])?;
         ensure!(img.contains("sha256:"), "{img}");
+        let pulled = t.elapsed().as_secs_f64();
+        let cmd = format!("{SHOW}; echo cri-ready; sleep 600");
+        let first = c
+            .pod_flow(
+                &e.tmp.path().join("crictl"),
+                &PodFlow {
+                    name: "plan",
+                    image: &plan,
+                    handler: weenv_integration::cri::WEENV_HANDLER,
+                    command: &["/bin/sh", "-c", &cmd],
+                    log_contains: "cri-ready",
+                    exec: &["cat", "/src/repo/app.py", "/src/repo/docs/NOTE.md"],
+                    exec_contains: "bug introduced",
+                },
+            )
+            .with_context(|| format!("daemon log:\n{}\ncontainerd log:\n{}", d.log(), ctd.log()))?;
+        let remote = d.metric("weenv_remote_prepares_total{outcome=\"remote\"}")? - remote0;
+        ensure!(
+            remote >= 2,
+            "crictl: the plan's weenv layers were not mounted lazily ({remote} remote)\n{}",
+            d.log()
+        );
+        let writes = registry_writes(&e.proxy);
+        ensure!(writes.is_empty(), "registry writes: {writes:?}");
+        println!(
+            "{label}: crictl pull + runp/create/start/exec/logs of a plan reference: {} registry \
+             requests, {} bytes; pull {pulled:.2} s, logs after {:.2} s; {remote} remote snapshots; \
+             0 writes",
+            e.proxy.stats().requests().len(),
+            e.proxy.stats().bytes_served(),
+            pulled + first
+        );
         let err = c
             .ok(&["pull", &format!("{}/weenv/plans:bad-patch", e.host)])
             .expect_err("pull of a plan whose patch does not apply");
@@ -438,6 +480,12 @@ async fn plan_reference_runs_on_containerd_1_6() -> Result<()> {
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs root, fuse, docker-registry, skopeo, umoci and scripts/go-tools.sh"]
 async fn plan_reference_runs_on_containerd_2_with_ctr_nerdctl_and_crictl() -> Result<()> {
-    let release = GoTools::ensure()?.containerd2()?;
-    scenario(release, "containerd 2.x").await
+    let Some(tools) = gotools::require(
+        "plan_reference_runs_on_containerd_2_with_ctr_nerdctl_and_crictl",
+        &["containerd2", "runc", "nerdctl", "crictl"],
+    )?
+    else {
+        return Ok(());
+    };
+    scenario(tools.containerd2()?, "containerd 2.x").await
 }
