@@ -212,7 +212,11 @@ impl Crictl {
         exec_args.extend_from_slice(f.exec);
         let exec = self.ok(&exec_args)?;
         if !exec.contains(f.exec_contains) {
-            bail!("crictl exec {:?}: {exec:?} lacks {:?}", f.exec, f.exec_contains);
+            bail!(
+                "crictl exec {:?}: {exec:?} lacks {:?}",
+                f.exec,
+                f.exec_contains
+            );
         }
         let deadline = std::time::Instant::now() + Duration::from_secs(60);
         let first = loop {

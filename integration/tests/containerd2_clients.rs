@@ -54,7 +54,11 @@ fn nerdctl_pull_and_run(
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs root, fuse, docker-registry, skopeo, umoci, debootstrap and scripts/go-tools.sh (containerd 2.x, runc, nerdctl, crictl)"]
 async fn nerdctl_and_crictl_on_containerd2_run_weenv_images_lazily() -> Result<()> {
-    let Some(tools) = gotools::require("nerdctl_and_crictl_on_containerd2_run_weenv_images_lazily", &["containerd2", "runc", "nerdctl", "crictl"])? else {
+    let Some(tools) = gotools::require(
+        "nerdctl_and_crictl_on_containerd2_run_weenv_images_lazily",
+        &["containerd2", "runc", "nerdctl", "crictl"],
+    )?
+    else {
         return Ok(());
     };
     let py = PythonImage::start().await?;

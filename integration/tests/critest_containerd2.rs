@@ -29,7 +29,11 @@ Idempotence";
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs root, fuse, docker-registry, skopeo, umoci, ip, nsenter and scripts/go-tools.sh (containerd 2.x, runc, critest, CNI plugins)"]
 async fn critest_passes_with_weenv_wherever_overlayfs_and_runc_pass() -> Result<()> {
-    let Some(tools) = gotools::require("critest_passes_with_weenv_wherever_overlayfs_and_runc_pass", &["containerd2", "runc", "critest", "cni"])? else {
+    let Some(tools) = gotools::require(
+        "critest_passes_with_weenv_wherever_overlayfs_and_runc_pass",
+        &["containerd2", "runc", "critest", "cni"],
+    )?
+    else {
         return Ok(());
     };
     weenv_integration::util::require_root_and_bins(&[
