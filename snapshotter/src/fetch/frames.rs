@@ -10,11 +10,8 @@
 //!   frame (rate-limited); bad bytes are never cached, and the next read fetches again;
 //! - retries, timeouts and the request/latency/bytes metrics are the source's provided read
 //!   (`registry/src/source.rs`), once per range request ([`FetchObserver`]);
-//! - single flight: concurrent misses of one frame digest cause one fetch; the claimer
-//!   publishes the result on a `watch` channel that waiters subscribe to; no lock is held
-//!   across an await (the in-flight map is locked only to claim or join);
+//! - single flight: concurrent misses of one frame digest cause one fetch ([`super::single_flight`]);
 //! - misses claimed together are coalesced into range requests by [`plan_fetch`];
-//! - if a claimer is cancelled, its claims are released and waiters retry (no lost wakeups).
 //! - every range request goes through the node's [`LinkScheduler`]: on-demand and read-ahead
 //!   requests are sent at once, start-up prefetch and fill requests wait below them; an
 //!   on-demand (or read-ahead) read of a frame a background call claimed but has not sent yet takes that
@@ -30,6 +27,7 @@
 use super::cpu::{busy_step, BusyStep, CpuPolicy, CpuPriority, Lowered};
 use super::link::{Class, LinkPolicy, LinkScheduler, Promotion};
 use super::plan::{plan_fetch, PlanLimits, RangeRequest};
+use super::single_flight::{publish, Claim, Claims, Fetched, Joined, SingleFlight, Slot};
 use super::{FetchError, RangeSource};
 use crate::cache::{DiskCache, MemoryCache};
 use crate::metrics::{LogLimit, Metrics};
@@ -57,11 +55,6 @@ pub enum Priority {
     Fill,
 }
 
-type Slot = Option<Result<Bytes, FetchError>>;
-
-/// Claims of one fetch by frame (one frame may be asked more than once in a call).
-type Claims<'a> = HashMap<FrameIdx, Vec<(usize, Claim<'a>)>>;
-
 /// Why a frame's bytes gave no frame: they failed verification (`Bad`, with the reason), or
 /// something else failed.
 enum Unverified {
@@ -70,23 +63,11 @@ enum Unverified {
 }
 use Unverified::{Bad, Failed};
 
-/// The sending end of a frame's result channel, shared by the claim and the in-flight map so
-/// that a reader taking the frame out of a queued background request takes the sender over.
-type SharedTx = Arc<Mutex<Option<watch::Sender<Slot>>>>;
-
-/// A frame being fetched: its result channel, and the background call whose request holds it
-/// (`None`: a demand fetch).
-struct Inflight {
-    rx: watch::Receiver<Slot>,
-    tx: SharedTx,
-    promotion: Option<Arc<Promotion>>,
-}
-
 /// Frames from caches or sources, verified, single flight.
 pub struct FrameStore {
     l1: MemoryCache,
     l2: Arc<DiskCache>,
-    inflight: Mutex<HashMap<Digest, Inflight>>,
+    flight: SingleFlight,
     metrics: Arc<Metrics>,
     limits: PlanLimits,
     link: LinkScheduler,
@@ -100,45 +81,34 @@ pub struct FrameStore {
     last_log: LogLimit,
     started: Instant,
     /// Compressed bytes of the range requests in flight.
-    in_flight: AtomicU64,
+    request_bytes: AtomicU64,
     /// Peer nodes asked before the source (set once at start-up).
     peers: OnceLock<Arc<dyn PeerTier>>,
 }
 
 /// Subtracts a request's bytes from [`FrameStore::in_flight_bytes`] when it ends.
-struct InFlight<'a>(&'a AtomicU64, u64);
+struct RequestBytes<'a>(&'a AtomicU64, u64);
 
-impl Drop for InFlight<'_> {
+impl Drop for RequestBytes<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(self.1, Ordering::Relaxed);
     }
 }
 
-/// A claimed in-flight frame: publishes the result, releases the claim on drop (unless a
-/// reader took the frame over: then the claim is the reader's).
-struct Claim<'a> {
-    store: &'a FrameStore,
-    digest: Digest,
-    tx: SharedTx,
+/// One [`FrameStore::get_frames`] call: what each of its fetch steps needs.
+struct Call<'c> {
+    /// The layer's TOC frames.
+    frames: &'c [Frame],
+    /// The layer's blob.
+    source: &'c Arc<dyn RangeSource>,
+    prio: Priority,
+    /// The background call's queue of claimed frames readers may take (fill and prefetch).
+    promotion: Option<&'c Promotion>,
 }
 
-impl Claim<'_> {
-    fn finish(self, r: Result<Bytes, FetchError>) {
-        if let Some(tx) = self.tx.lock().as_ref() {
-            tx.send_replace(Some(r));
-        }
-    }
-}
-
-impl Drop for Claim<'_> {
-    fn drop(&mut self) {
-        let mut map = self.store.inflight.lock();
-        if map
-            .get(&self.digest)
-            .is_some_and(|f| Arc::ptr_eq(&f.tx, &self.tx))
-        {
-            map.remove(&self.digest);
-        }
+impl Call<'_> {
+    fn digest(&self, idx: FrameIdx) -> Option<Digest> {
+        self.frames.get(idx.0 as usize).map(|f| f.digest.clone())
     }
 }
 
@@ -242,7 +212,7 @@ impl FrameStore {
         FrameStore {
             l1,
             l2: Arc::new(l2),
-            inflight: Mutex::new(HashMap::new()),
+            flight: SingleFlight::default(),
             metrics,
             limits,
             link: LinkScheduler::new(LinkPolicy::default()),
@@ -251,7 +221,7 @@ impl FrameStore {
             open_until_ms: AtomicU64::new(0),
             last_log: LogLimit::default(),
             started: Instant::now(),
-            in_flight: AtomicU64::new(0),
+            request_bytes: AtomicU64::new(0),
             peers: OnceLock::new(),
         }
     }
@@ -331,7 +301,7 @@ impl FrameStore {
     /// Frames being fetched (claimed) now.
     #[cfg(test)]
     pub(crate) fn claimed(&self) -> usize {
-        self.inflight.lock().len()
+        self.flight.len()
     }
 
     /// The disk cache.
@@ -346,7 +316,7 @@ impl FrameStore {
 
     /// Compressed bytes of the range requests in flight (held in memory until verified).
     pub fn in_flight_bytes(&self) -> u64 {
-        self.in_flight.load(Ordering::Relaxed)
+        self.request_bytes.load(Ordering::Relaxed)
     }
 
     /// The frame if it is cached (L1, then L2), counting hits and misses. Local I/O only.
@@ -411,64 +381,31 @@ impl FrameStore {
         promotion: Option<&Arc<Promotion>>,
     ) -> Plan<'_> {
         let mut attempts = 0;
-        let mut map = loop {
+        loop {
             if let Some(b) = self.cached(frame) {
                 return Plan::Have(b);
             }
-            let mut map = self.inflight.lock();
-            if let Some(f) = map.get_mut(&frame.digest) {
-                // Lock order: inflight -> promotion (the call's `send` takes only the latter).
-                // Read-ahead takes too: it is demand (a read's neighbours), and waiting for a
-                // paused prefetch would lose what it is for.
-                if let (Priority::OnDemand | Priority::ReadAhead, Some(p)) = (prio, &f.promotion) {
-                    if let Some(ticket) = p.take(&frame.digest) {
-                        // Queued in a background request: the reader fetches it now, alone.
-                        // Lock order: inflight -> promotion -> link queue.
-                        let predicted = ticket.is_some_and(|t| self.link.take(t, frame.clen));
-                        let tx: SharedTx = Arc::new(Mutex::new(f.tx.lock().take()));
-                        f.tx = tx.clone();
-                        f.promotion = None;
-                        self.metrics.link_promotions.fetch_add(1, Ordering::Relaxed);
-                        let claim = Claim {
-                            store: self,
-                            digest: frame.digest.clone(),
-                            tx,
-                        };
-                        return Plan::Take(claim, predicted);
-                    }
+            match self.flight.join(frame, prio, &self.link) {
+                Joined::Take(claim, predicted) => {
+                    self.metrics.link_promotions.fetch_add(1, Ordering::Relaxed);
+                    return Plan::Take(claim, predicted);
                 }
-                return Plan::Wait(f.rx.clone(), f.promotion.clone());
+                Joined::Wait(rx, p) => return Plan::Wait(rx, p),
+                Joined::Vacant(vacant) => {
+                    // A fetch may have completed between the cache check and the lock (it
+                    // caches, then releases its claim): look again rather than fetch twice.
+                    // Lock order is always single flight -> cache, never the reverse.
+                    attempts += 1;
+                    if attempts < 2
+                        && (self.l1.contains(&frame.digest) || self.l2.contains(&frame.digest))
+                    {
+                        drop(vacant);
+                        continue;
+                    }
+                    return Plan::Fetch(vacant.claim(promotion));
+                }
             }
-            // A fetch may have completed between the cache check and the lock (it caches,
-            // then releases its claim): look again rather than fetch twice. Lock order is
-            // always inflight -> cache, never the reverse.
-            attempts += 1;
-            if attempts < 2 && (self.l1.contains(&frame.digest) || self.l2.contains(&frame.digest))
-            {
-                drop(map);
-                continue;
-            }
-            break map;
-        };
-        let (tx, rx) = watch::channel(None);
-        let tx: SharedTx = Arc::new(Mutex::new(Some(tx)));
-        if let Some(p) = promotion {
-            p.queue(frame.digest.clone());
         }
-        map.insert(
-            frame.digest.clone(),
-            Inflight {
-                rx,
-                tx: tx.clone(),
-                promotion: promotion.cloned(),
-            },
-        );
-        drop(map);
-        Plan::Fetch(Claim {
-            store: self,
-            digest: frame.digest.clone(),
-            tx,
-        })
     }
 
     /// Frames `idxs` of a layer (`frames` from its TOC, `source` its blob), in order.
@@ -526,16 +463,13 @@ impl FrameStore {
             }
             let mut first_err = None;
             if !claims.is_empty() {
-                let fetched = self
-                    .fetch_claimed(
-                        frames,
-                        source,
-                        claims,
-                        prio,
-                        predicted,
-                        promotion.as_deref(),
-                    )
-                    .await;
+                let call = Call {
+                    frames,
+                    source,
+                    prio,
+                    promotion: promotion.as_deref(),
+                };
+                let fetched = self.fetch_claimed(&call, claims, predicted).await;
                 for (i, r) in fetched {
                     match r {
                         Ok(b) => out[i] = Some(b),
@@ -566,17 +500,14 @@ impl FrameStore {
 
     async fn fetch_claimed<'a>(
         &'a self,
-        frames: &[Frame],
-        source: &Arc<dyn RangeSource>,
+        call: &Call<'_>,
         claims: Vec<(usize, FrameIdx, Claim<'a>)>,
-        prio: Priority,
         predicted: bool,
-        promotion: Option<&Promotion>,
-    ) -> Vec<(usize, Result<Bytes, FetchError>)> {
+    ) -> Fetched {
         // Demand goes at once (and holds background requests back while in flight; only
         // unpredicted demand starts their quiet time); a fill call holds its permit already;
         // prefetch requests queue per request (run_request).
-        let _demand = matches!(prio, Priority::OnDemand | Priority::ReadAhead).then(|| {
+        let _demand = matches!(call.prio, Priority::OnDemand | Priority::ReadAhead).then(|| {
             if predicted {
                 self.metrics
                     .link_demand_predicted
@@ -593,101 +524,81 @@ impl FrameStore {
         for (i, idx, c) in claims {
             by_idx.entry(idx).or_default().push((i, c));
         }
-        let (Some(tier), Some(blob)) = (self.peers.get(), source.locator()) else {
-            return self
-                .fetch_from_source(frames, source, by_idx, prio, promotion)
-                .await;
+        let (Some(tier), Some(blob)) = (self.peers.get(), call.source.locator()) else {
+            return self.fetch_from_source(call, by_idx).await;
         };
         // Peer tier. A claim is never held while waiting for another node unless that node
         // owns the frame: frames this node owns are asked only of their previous owner's
         // cache (answered without waiting on any claim), then fetched from the source while
         // the other frames are asked of their owners, so two nodes waiting on each other's
         // claims cannot stall until the hedge delay.
+        let (frames, prio) = (call.frames, call.prio);
         let mut out = Vec::new();
         // Asked of peers at once: no reader takes these frames meanwhile (those already taken
         // are the readers'); what the peers do not deliver is queued again below.
-        if let Some(p) = promotion {
-            Self::send_claimed(frames, p, &mut by_idx);
+        if let Some(p) = call.promotion {
+            Self::send_claimed(call, p, &mut by_idx);
         }
         let keys: Vec<FrameIdx> = by_idx.keys().copied().collect();
         let mine = tier.self_owned(frames, &keys);
         let got = tier.fetch(&blob, frames, &mine, prio).await;
-        self.publish_peer_frames(frames, got, &mut by_idx, prio, &mut out);
+        self.publish_peer_frames(call, got, &mut by_idx, &mut out);
         let ours: Claims<'a> = mine.iter().filter_map(|i| by_idx.remove_entry(i)).collect();
         let theirs: Vec<FrameIdx> = by_idx.keys().copied().collect();
-        if let Some(p) = promotion {
-            p.requeue(
-                ours.keys()
-                    .filter_map(|i| frames.get(i.0 as usize))
-                    .map(|f| f.digest.clone()),
-            );
+        if let Some(p) = call.promotion {
+            p.requeue(ours.keys().filter_map(|i| call.digest(*i)));
         }
         let (got, done) = futures::future::join(
             tier.fetch(&blob, frames, &theirs, prio),
-            self.fetch_from_source(frames, source, ours, prio, promotion),
+            self.fetch_from_source(call, ours),
         )
         .await;
         out.extend(done);
-        self.publish_peer_frames(frames, got, &mut by_idx, prio, &mut out);
+        self.publish_peer_frames(call, got, &mut by_idx, &mut out);
         // What the owners did not deliver.
-        if let Some(p) = promotion {
-            p.requeue(
-                by_idx
-                    .keys()
-                    .filter_map(|i| frames.get(i.0 as usize))
-                    .map(|f| f.digest.clone()),
-            );
+        if let Some(p) = call.promotion {
+            p.requeue(by_idx.keys().filter_map(|i| call.digest(*i)));
         }
-        out.extend(
-            self.fetch_from_source(frames, source, by_idx, prio, promotion)
-                .await,
-        );
+        out.extend(self.fetch_from_source(call, by_idx).await);
         out
     }
 
     /// Marks the claimed frames `by_idx` of background call `p` as being sent and drops those
     /// a reader took (their claims are the readers' now: dropping ours publishes nothing).
-    fn send_claimed(frames: &[Frame], p: &Promotion, by_idx: &mut Claims<'_>) {
-        let digest = |i: &FrameIdx| frames.get(i.0 as usize).map(|f| f.digest.clone());
+    fn send_claimed(call: &Call<'_>, p: &Promotion, by_idx: &mut Claims<'_>) {
         let kept: std::collections::HashSet<Digest> = p
-            .send(by_idx.keys().filter_map(digest))
+            .send(by_idx.keys().filter_map(|i| call.digest(*i)))
             .into_iter()
             .collect();
-        by_idx.retain(|i, _| digest(i).is_some_and(|d| kept.contains(&d)));
+        by_idx.retain(|i, _| call.digest(*i).is_some_and(|d| kept.contains(&d)));
     }
 
     /// Caches and publishes frames a peer tier returned (verified by the tier).
     fn publish_peer_frames<'a>(
         &'a self,
-        frames: &[Frame],
+        call: &Call<'_>,
         got: Vec<(FrameIdx, Bytes)>,
         by_idx: &mut Claims<'a>,
-        prio: Priority,
-        out: &mut Vec<(usize, Result<Bytes, FetchError>)>,
+        out: &mut Fetched,
     ) {
         for (idx, b) in got {
-            if let (Some(f), Some(claims)) = (frames.get(idx.0 as usize), by_idx.remove(&idx)) {
-                self.keep(f, &b, prio);
+            if let (Some(f), Some(claims)) = (call.frames.get(idx.0 as usize), by_idx.remove(&idx))
+            {
+                self.keep(f, &b, call.prio);
                 publish(claims, Ok(b), out);
             }
         }
     }
 
-    /// Fetches the claimed frames `by_idx` from `source`: coalesced range requests, at once.
-    async fn fetch_from_source<'a>(
-        &'a self,
-        frames: &[Frame],
-        source: &Arc<dyn RangeSource>,
-        mut by_idx: Claims<'a>,
-        prio: Priority,
-        promotion: Option<&Promotion>,
-    ) -> Vec<(usize, Result<Bytes, FetchError>)> {
+    /// Fetches the claimed frames `by_idx` from the call's source: coalesced range requests,
+    /// at once.
+    async fn fetch_from_source<'a>(&'a self, call: &Call<'_>, mut by_idx: Claims<'a>) -> Fetched {
         if by_idx.is_empty() {
             return Vec::new();
         }
         let mut wanted: Vec<FrameIdx> = by_idx.keys().copied().collect();
         wanted.sort_unstable();
-        let plan = plan_fetch(frames, &wanted, self.limits);
+        let plan = plan_fetch(call.frames, &wanted, self.limits);
         let mut jobs = Vec::new();
         for req in plan {
             let mut group = Vec::new();
@@ -696,7 +607,7 @@ impl FrameStore {
                     group.push((*idx, v));
                 }
             }
-            jobs.push(self.run_request(frames, source, req, group, prio, promotion));
+            jobs.push(self.run_request(call, req, group));
         }
         futures::future::join_all(jobs)
             .await
@@ -710,25 +621,18 @@ impl FrameStore {
     /// bridging holes, so no taken frame is fetched twice).
     async fn run_request<'a>(
         &'a self,
-        frames: &[Frame],
-        source: &Arc<dyn RangeSource>,
+        call: &Call<'_>,
         req: RangeRequest,
         group: Vec<(FrameIdx, Vec<(usize, Claim<'a>)>)>,
-        prio: Priority,
-        promotion: Option<&Promotion>,
-    ) -> Vec<(usize, Result<Bytes, FetchError>)> {
-        let _prefetch_permit = match prio {
+    ) -> Fetched {
+        let _prefetch_permit = match call.prio {
             Priority::Prefetch => {
                 // One layer's requests form a group: a layer's TOC frames are one allocation
                 // for as long as the layer is mounted, so its address names the layer.
-                let group = frames.as_ptr() as usize as u64;
+                let group = call.frames.as_ptr() as usize as u64;
                 let permit = self.link.queue_in(Class::Prefetch, req.len, group);
-                if let Some(p) = promotion {
-                    let digests = req
-                        .frames
-                        .iter()
-                        .filter_map(|i| frames.get(i.0 as usize))
-                        .map(|f| f.digest.clone());
+                if let Some(p) = call.promotion {
+                    let digests = req.frames.iter().filter_map(|i| call.digest(*i));
                     p.queued_in(digests, permit.id());
                 }
                 self.link.admitted(&permit).await;
@@ -736,23 +640,19 @@ impl FrameStore {
             }
             _ => None,
         };
-        let Some(p) = promotion else {
-            return self
-                .read_request(frames, source, req, group, prio, promotion)
-                .await;
+        let Some(p) = call.promotion else {
+            return self.read_request(call, req, group).await;
         };
         let mut by_idx: Claims<'a> = group.into_iter().collect();
         let before = by_idx.len();
-        Self::send_claimed(frames, p, &mut by_idx);
+        Self::send_claimed(call, p, &mut by_idx);
         if by_idx.len() == before {
             let group = req
                 .frames
                 .iter()
                 .filter_map(|i| by_idx.remove_entry(i))
                 .collect();
-            return self
-                .read_request(frames, source, req, group, prio, promotion)
-                .await;
+            return self.read_request(call, req, group).await;
         }
         let mut wanted: Vec<FrameIdx> = by_idx.keys().copied().collect();
         wanted.sort_unstable();
@@ -761,33 +661,28 @@ impl FrameStore {
             ..self.limits
         };
         let mut out = Vec::new();
-        for req in plan_fetch(frames, &wanted, limits) {
+        for req in plan_fetch(call.frames, &wanted, limits) {
             let group = req
                 .frames
                 .iter()
                 .filter_map(|i| by_idx.remove_entry(i))
                 .collect();
-            out.extend(
-                self.read_request(frames, source, req, group, prio, promotion)
-                    .await,
-            );
+            out.extend(self.read_request(call, req, group).await);
         }
         out
     }
 
-    /// Reads range `req` from `source`, verifies and caches its frames, publishes them to
-    /// their claims `group`.
+    /// Reads range `req` from the call's source, verifies and caches its frames, publishes
+    /// them to their claims `group`.
     async fn read_request<'a>(
         &'a self,
-        frames: &[Frame],
-        source: &Arc<dyn RangeSource>,
+        call: &Call<'_>,
         req: RangeRequest,
         group: Vec<(FrameIdx, Vec<(usize, Claim<'a>)>)>,
-        prio: Priority,
-        promotion: Option<&Promotion>,
-    ) -> Vec<(usize, Result<Bytes, FetchError>)> {
-        self.in_flight.fetch_add(req.len, Ordering::Relaxed);
-        let _in_flight = InFlight(&self.in_flight, req.len);
+    ) -> Fetched {
+        let (frames, source, prio) = (call.frames, call.source, call.prio);
+        self.request_bytes.fetch_add(req.len, Ordering::Relaxed);
+        let _in_flight = RequestBytes(&self.request_bytes, req.len);
         let range = ByteRange::new(req.offset, req.len);
         let check = FrameCheck {
             store: self,
@@ -796,7 +691,7 @@ impl FrameStore {
                 .filter_map(|(idx, _)| frames.get(idx.0 as usize).map(|f| (*idx, f)))
                 .collect(),
             prio,
-            promotion,
+            promotion: call.promotion,
             state: Mutex::new(CheckState::default()),
         };
         let observer = FetchObserver {
@@ -938,24 +833,6 @@ impl FrameStore {
     }
 }
 
-/// Publishes `r` to the claims of one frame and to the caller's results `out`.
-fn publish(
-    claims: Vec<(usize, Claim<'_>)>,
-    r: Result<Bytes, FetchError>,
-    out: &mut Vec<(usize, Result<Bytes, FetchError>)>,
-) {
-    let mut claims = claims.into_iter();
-    if let Some((i, c)) = claims.next() {
-        out.push((i, r.clone()));
-        c.finish(r.clone());
-    }
-    for (i, c) in claims {
-        // Same frame index asked twice in one call: the first claim published it.
-        out.push((i, r.clone()));
-        drop(c);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1028,7 +905,7 @@ mod tests {
             "one range request for eight readers"
         );
         assert!(results.iter().all(|r| r[0] == results[0][0]));
-        assert!(fx.store.inflight.lock().is_empty());
+        assert!(fx.store.claimed() == 0);
     }
 
     #[tokio::test]
@@ -1179,7 +1056,7 @@ mod tests {
         };
         let err = get().await.unwrap_err();
         assert!(matches!(err, FetchError::Source { .. }), "{err}");
-        assert!(fx.store.inflight.lock().is_empty(), "claims released");
+        assert!(fx.store.claimed() == 0, "claims released");
         assert_eq!(fx.metrics.range_request_errors.load(Ordering::Relaxed), 1);
         *src.data.lock() = blob;
         let ok = get().await.unwrap();

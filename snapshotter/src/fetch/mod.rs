@@ -8,8 +8,10 @@
 //! - [`link`]: the node's link scheduler: on-demand reads first, start-up prefetch and fill
 //!   below them (pure queue policy + async shell); a reader takes the frames it needs out of
 //!   queued background requests (`Carve`).
-//! - [`frames`]: [`FrameStore`], the read path L1 -> L2 -> source with single flight per
-//!   frame and verification of every frame before it is cached or served.
+//! - [`frames`]: [`FrameStore`], the read path L1 -> L2 -> source with verification of
+//!   every frame before it is cached or served.
+//! - `single_flight`: one fetch per frame digest however many readers miss it; claims,
+//!   waiters, and readers taking a frame out of a queued background request.
 //! - [`cpu`]: background CPU and disk work at low priority (`SCHED_IDLE`/nice, ioprio) and
 //!   the fill's pause while the node's containers read.
 //! - [`fill`]: background fill of whole layers, lower priority than on-demand reads and
@@ -22,6 +24,7 @@ pub mod frames;
 pub mod link;
 pub mod plan;
 pub mod prefetch;
+mod single_flight;
 pub mod source;
 pub(crate) mod testutil;
 
