@@ -10,7 +10,10 @@
 //! - [`http`] + [`status`]: `/metrics` and `/status` endpoint.
 //! - [`daemon`]: wiring (store, FUSE layer store, remount, servers).
 //! - [`dirs`]: directory modes set explicitly (private state, overlayfs's snapshot modes).
-//! - the lazy data path: [`layers`] (FUSE layer store), [`fs`], [`cache`], [`fetch`], [`metrics`].
+//! - the lazy data path: [`layers`] (the FUSE sessions and the node's layer registry),
+//!   [`fs`] (the FUSE filesystem), [`fetch`] (verified frames: single flight, link
+//!   scheduling, fill, prefetch), [`cache`] (L1 memory, L2 disk), [`metrics`].
+//! - [`handover`]: the keeper that holds the FUSE sessions across a daemon restart.
 //! - [`peer`]: the node disk cache shared with peer nodes (serve, find, place, verify).
 //!
 //! The daemon's contract with its clients (config schema, remote-snapshot labels, the

@@ -1,10 +1,18 @@
-//! The FUSE filesystem: one session, one directory per layer (named by digest hex).
+//! The FUSE filesystem: two sessions (full and plain, see [`SessionKind`]) over one inode
+//! numbering, one directory per layer at the root (named by digest hex).
 //!
 //! - [`inode`]: the inode table of a layer, built from its TOC (pure; whiteouts, hardlinks).
-//! - [`layer`]: a mounted layer and the inode numbering.
-//! - [`ops`]: shared state and the `Result<T, Errno>` helpers behind each request.
+//! - [`layer`]: a mounted layer and the inode numbering (slot in the high bits).
+//! - [`ops`]: the shared state and the `Result<T, Errno>` helpers behind lookups, attributes,
+//!   listings, xattrs and read planning.
+//! - [`read_path`]: the work behind READ and OPEN (native tree, cached frames or a fetch;
+//!   read-ahead; header checks; passthrough opens).
+//! - [`readahead`]: read-ahead windows within a file and across a layer's files (pure).
 //! - [`passthrough`]: complete files handed to the kernel (FUSE passthrough).
-//! - [`trust`]: quarantine, the completion check (diff_id) and the per-entry header checks.
+//! - [`native`]: native trees of complete, verified layers.
+//! - [`trust`] + [`verify`]: quarantine, the completion check (diff_id) and the per-entry
+//!   header checks.
+//! - [`interrupt`]: the probe that makes the kernel stop sending FUSE INTERRUPT.
 //!
 //! This module's [`WeenvFs`] only decodes requests, calls a helper and replies. Reads that
 //! miss memory move their `ReplyData` into a tokio task and reply when the frames arrive, so
@@ -16,20 +24,20 @@ pub mod layer;
 pub mod native;
 pub mod ops;
 pub mod passthrough;
+pub mod read_path;
 pub mod readahead;
 pub mod trust;
 pub mod verify;
 
 use crate::metrics::FuseOp;
 use fuser::{
-    AccessFlags, Errno, FileHandle, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
-    KernelConfig, LockOwner, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyDirectoryPlus,
-    ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyXattr, Request,
+    AccessFlags, Errno, FileHandle, Filesystem, Generation, INodeNo, InitFlags, KernelConfig,
+    LockOwner, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty,
+    ReplyEntry, ReplyOpen, ReplyStatfs, ReplyXattr, Request,
 };
-use inode::NodeKind;
 use layer::{decode_ino, ROOT_INO};
 use ops::FsState;
-use passthrough::OpenMode;
+use read_path::{Opened, ReadData};
 use std::ffi::OsStr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -139,38 +147,6 @@ fn xattr_reply(reply: ReplyXattr, size: u32, data: &[u8]) -> bool {
     }
 }
 
-impl WeenvFs {
-    /// First read of a small file in a directory: prefetch the frames holding the directory's
-    /// other small files (packed next to each other in tar order). Triggered by reads, not
-    /// lookups: lookups also come from path walks and module searches that read nothing
-    /// (measured on python3 start-up: lookup-triggered prefetch fetched 39% more bytes).
-    fn touch_dir_of(&self, layer: &Arc<layer::Layer>, node: u32) {
-        if self.st.fill.dir_prefetch_frames == 0 {
-            return;
-        }
-        let Some(n) = layer.table.node(node) else {
-            return;
-        };
-        if n.size() > self.st.fill.small_file_bytes || !layer.first_touch(n.parent()) {
-            return;
-        }
-        let l2 = self.st.store.l2();
-        let frames: Vec<_> = self
-            .st
-            .dir_prefetch_frames(layer, n.parent())
-            .into_iter()
-            .filter(|i| {
-                layer
-                    .frames
-                    .frames
-                    .get(i.0 as usize)
-                    .is_some_and(|f| !l2.contains(&f.digest))
-            })
-            .collect();
-        self.st.prefetch(layer.clone(), frames);
-    }
-}
-
 impl Filesystem for WeenvFs {
     fn init(&mut self, _req: &Request, cfg: &mut KernelConfig) -> std::io::Result<()> {
         let abi = cfg.kernel_abi();
@@ -272,98 +248,16 @@ impl Filesystem for WeenvFs {
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let mut op = self.st.metrics.op(FuseOp::Open);
-        if self.plain() {
-            if self.session.zero_open() {
-                // Once: the kernel opens every file of the session without asking from now on.
-                return reply.error(Errno::ENOSYS);
+        match read_path::open(&self.st, &self.session, ino.0, flags.0) {
+            Ok(Opened::Now(fh, flags)) => reply.opened(fh, flags),
+            Ok(Opened::NoOpens) => reply.error(Errno::ENOSYS),
+            Ok(Opened::Cached) => self.st.passthrough.reply_cached(reply),
+            Ok(Opened::Passthrough(answer)) => {
+                self.st.rt.spawn_blocking(move || answer(reply));
             }
-            // An older kernel: a plain open, page cache kept (no passthrough on this session).
-            return reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE);
-        }
-        if flags.0 & libc::O_ACCMODE != libc::O_RDONLY {
-            op.fail();
-            return reply.error(Errno::EROFS);
-        }
-        let (layer, node) = match self.st.resolve(ino.0) {
-            Ok(v) => v,
             Err(e) => {
                 op.fail();
-                return reply.error(e);
-            }
-        };
-        let Some(n) = layer.table.node(node) else {
-            op.fail();
-            return reply.error(Errno::ENOENT);
-        };
-        if n.kind() != NodeKind::File {
-            return reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE);
-        }
-        if layer.quarantined() {
-            op.fail();
-            return reply.error(Errno::EIO);
-        }
-        // Passthrough only to a complete copy made earlier (after the fill, or in the
-        // background after an earlier open): copying a file inside open() put the copy and
-        // its fsync on the reader's critical path (start-up, first warm read).
-        // (Passthrough hands the bytes to the kernel: only once the header is checked.)
-        // A native layer's files are all complete (its tree), whatever their size.
-        let native = layer.native_ok();
-        let complete = n.size() > 0
-            && !trust::header_pending(&self.st, &layer, node)
-            && self.st.passthrough.active()
-            && (native
-                || self
-                    .st
-                    .passthrough
-                    .has_complete(self.st.store.l2(), &layer, node));
-        if !complete
-            && !native
-            && self.st.passthrough.active()
-            && n.size() >= self.st.fill.materialise_min_bytes
-        {
-            let l2 = self.st.store.l2();
-            let on_disk = layer.file_frames(node).iter().all(|i| {
-                layer
-                    .frames
-                    .frames
-                    .get(i.0 as usize)
-                    .is_some_and(|f| l2.contains(&f.digest))
-            });
-            if on_disk && self.st.passthrough.claim_materialise(ino.0) {
-                let (st, layer) = (self.st.clone(), layer.clone());
-                self.st.rt.spawn_blocking(move || {
-                    if let Err(e) = st.passthrough.materialise(st.store.l2(), &layer, node) {
-                        tracing::warn!(error = %e, layer = %layer.digest, node, "materialising a complete file failed");
-                    }
-                    st.passthrough.release_materialise(ino.0);
-                });
-            }
-        }
-        if complete {
-            layer.note_open(node); // reads will not reach us: record the open
-        }
-        match self.st.passthrough.begin_open(ino.0, complete) {
-            OpenMode::Cached => self.st.passthrough.reply_cached(reply),
-            OpenMode::Passthrough => {
-                let st = self.st.clone();
-                self.st.rt.spawn_blocking(move || {
-                    let (path, copy) = if native {
-                        let root = st.store.l2().native_path(&layer.digest);
-                        (native::node_path(&layer, &root, node), None)
-                    } else {
-                        let path = match st.passthrough.materialise(st.store.l2(), &layer, node) {
-                            Ok(p) => p,
-                            Err(e) => {
-                                tracing::warn!(error = %e, layer = %layer.digest, node, "materialising a complete file failed");
-                                None
-                            }
-                        };
-                        (path, Some((&layer.digest, node)))
-                    };
-                    if st.passthrough.reply_passthrough(reply, st.store.l2(), copy, ino.0, path.as_deref()) {
-                        st.metrics.passthrough_opens.fetch_add(1, Ordering::Relaxed);
-                    }
-                });
+                reply.error(e);
             }
         }
     }
@@ -379,93 +273,26 @@ impl Filesystem for WeenvFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        // Owned: the async reads below take the guard into their task.
+        // Owned: a later read takes the guard into its task.
         let mut op = self.st.metrics.op_owned(FuseOp::Read);
-        let plan = match self.st.read_plan(ino.0, offset, size) {
-            Ok(p) => p,
+        match read_path::read(&self.st, ino.0, offset, size) {
+            Ok(ReadData::Now(data)) => reply.data(&data),
+            Ok(ReadData::Later(data)) => {
+                self.st.rt.spawn(async move {
+                    match data.await {
+                        Ok(data) => reply.data(&data),
+                        Err(e) => {
+                            op.fail();
+                            reply.error(e);
+                        }
+                    }
+                });
+            }
             Err(e) => {
                 op.fail();
-                return reply.error(e);
-            }
-        };
-        if plan.frames.is_empty() {
-            return reply.data(&[]);
-        }
-        if plan.layer.native_ok() {
-            // Complete and verified: the bytes are in the native tree (its frames are gone).
-            if let Some(data) = self.st.read_native(&plan, offset, size) {
-                plan.layer.note_read(plan.node, offset, u64::from(size));
-                self.st
-                    .metrics
-                    .read_bytes_served
-                    .fetch_add(data.len() as u64, Ordering::Relaxed);
-                return reply.data(&data);
+                reply.error(e);
             }
         }
-        if self.st.fill.read_ahead_bytes > 0 {
-            let ra = self.st.read_ahead_frames(&plan);
-            self.st.prefetch(plan.layer.clone(), ra);
-            let scan = self.st.scan_frames(&plan);
-            self.st.prefetch(plan.layer.clone(), scan);
-        }
-        plan.layer.note_read(plan.node, offset, u64::from(size));
-        if plan.layer.first_touch(plan.node) {
-            self.touch_dir_of(&plan.layer, plan.node);
-        }
-        // The file's header is checked against its TOC entry before any byte is served: here
-        // when its frames are cached, else in the async read below.
-        let unchecked = match trust::check_header_cached(&self.st, &plan.layer, plan.node) {
-            Some(Ok(())) => false,
-            Some(Err(e)) => {
-                op.fail();
-                return reply.error(e);
-            }
-            None => true,
-        };
-        if unchecked {
-            let st = self.st.clone();
-            self.st.rt.spawn(async move {
-                let res = match trust::check_header(&st, &plan.layer, plan.node, &plan.frames).await
-                {
-                    Ok(()) => st.read(&plan).await.map_err(|e| e.errno()),
-                    Err(e) => Err(e),
-                };
-                match res {
-                    Ok(data) => {
-                        st.metrics
-                            .read_bytes_served
-                            .fetch_add(data.len() as u64, Ordering::Relaxed);
-                        reply.data(&data);
-                    }
-                    Err(e) => {
-                        op.fail();
-                        reply.error(e);
-                    }
-                }
-            });
-            return;
-        }
-        if let Some(data) = self.st.read_from_cache(&plan) {
-            self.st
-                .metrics
-                .read_bytes_served
-                .fetch_add(data.len() as u64, Ordering::Relaxed);
-            return reply.data(&data);
-        }
-        let st = self.st.clone();
-        self.st.rt.spawn(async move {
-            match st.read(&plan).await {
-                Ok(data) => {
-                    st.metrics.read_bytes_served.fetch_add(data.len() as u64, Ordering::Relaxed);
-                    reply.data(&data);
-                }
-                Err(e) => {
-                    op.fail();
-                    tracing::debug!(error = %e, layer = %plan.layer.digest, node = plan.node, "read failed: EIO");
-                    reply.error(e.errno());
-                }
-            }
-        });
     }
 
     /// Nothing to flush on a read-only filesystem. ENOSYS (as fuser's default, minus its
