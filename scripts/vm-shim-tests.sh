@@ -7,7 +7,8 @@
 #   scripts/vm-shim-tests.sh [TEST-FILTER...]
 #
 # Env:
-#   WEENV_VM_TESTS        test targets of weenv-integration (default "shim_elastic shim_lifecycle")
+#   WEENV_VM_TESTS        test targets of weenv-integration (default "shim_elastic shim_lifecycle
+#                         shim_cri")
 #   WEENV_VM_CGROUP       v2 (default) or v1: the same VM booted with the v1 controllers
 #   WEENV_VM_SHIM_PROFILE debug (default) or release: which build of the shim runs in the VM
 #   WEENV_VM_COST=1       also run the monitoring-cost benchmark (shim/tests/monitor_cost.rs;
@@ -20,7 +21,7 @@
 #   WEENV_VM_TIMEOUT      seconds before the VM is stopped (default 1500)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-tests=${WEENV_VM_TESTS:-shim_elastic shim_lifecycle}
+tests=${WEENV_VM_TESTS:-shim_elastic shim_lifecycle shim_cri}
 profile=${WEENV_VM_SHIM_PROFILE:-debug}
 mode=${WEENV_VM_CGROUP:-v2}
 target=${CARGO_TARGET_DIR:-target}
@@ -62,6 +63,9 @@ filter=""
 [ $# -gt 0 ] && filter=$(printf '%q ' "$@")
 {
   echo 'export WEENV_SHIM_DIR=/payload/bin TMPDIR=/tmp RUST_BACKTRACE=1'
+  # The CRI plugin copies the host's /etc/hosts and /etc/resolv.conf into host-network pods
+  # (shim_cri); the minimal image has neither.
+  echo '[ -e /etc/hosts ] || echo "127.0.0.1 localhost" > /etc/hosts; [ -e /etc/resolv.conf ] || : > /etc/resolv.conf'
   echo "export WEENV_TEST_INTERVAL_MS=${WEENV_TEST_INTERVAL_MS:-200} WEENV_TEST_BURST_ITERS=${WEENV_TEST_BURST_ITERS:-60000}"
   echo 'rc=0'
   while read -r name _; do

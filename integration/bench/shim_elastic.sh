@@ -9,7 +9,7 @@ set -eu
 cd "$(dirname "$0")/../.."
 cargo build -p weenv-shim
 echo "== monitoring cost per container per round"
-CARGO_PROFILE_DEV_OPT_LEVEL=2 cargo test -p weenv-shim --test monitor_cost -- --ignored --nocapture 2>&1 | grep -E '^cgroup '
+CARGO_PROFILE_DEV_OPT_LEVEL=2 cargo test -p weenv-shim --test monitor_cost -- --ignored --nocapture 2>&1 | grep -E '^(cgroup|references) '
 for cpus in 0.5 0.2; do
   echo "== bursty workload, small quota $cpus core"
   WEENV_BENCH=1 WEENV_BENCH_CPUS=$cpus cargo test -p weenv-integration --test shim_bench -- --ignored --nocapture 2>&1 |

@@ -49,115 +49,309 @@ fn marks(out: &str, name: &str) -> Vec<u64> {
         .collect()
 }
 
+/// Writes one line to a FIFO the container blocks on in `read` (no CPU used while it waits,
+/// unlike a polling loop, whose forks alone can be throttled at a small quota on an emulated
+/// machine and raise the quota). Opened non-blocking, retried until the container has it
+/// open for reading; gives up once `gone()` says the container ended.
+fn release(fifo: &std::path::Path, gone: impl Fn() -> bool) -> Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    loop {
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(nix::fcntl::OFlag::O_NONBLOCK.bits())
+            .open(fifo)
+        {
+            Ok(mut f) => {
+                f.write_all(b"go\n")?;
+                return Ok(());
+            }
+            // ENXIO: no reader yet.
+            Err(e) if e.raw_os_error() == Some(nix::libc::ENXIO) && !gone() => {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            Err(e) if gone() => {
+                eprintln!("container ended before {} was written: {e}", fifo.display());
+                return Ok(());
+            }
+            Err(e) => return Err(e).with_context(|| format!("open {}", fifo.display())),
+        }
+    }
+}
+
+/// The container's CPU quota in millicores, read from its cgroup (v2 `cpu.max`, v1
+/// `cpu.cfs_quota_us` / `cpu.cfs_period_us`); `None` while it cannot be read.
+fn cgroup_cpu_millicores(ns: &str, id: &str) -> Option<u64> {
+    let read = |p: String| std::fs::read_to_string(p).ok();
+    let (quota, period) = match read(format!("/sys/fs/cgroup/{ns}/{id}/cpu.max")) {
+        Some(max) => {
+            let mut f = max.split_whitespace();
+            (
+                f.next()?.parse::<u64>().ok()?,
+                f.next()?.parse::<u64>().ok()?,
+            )
+        }
+        None => (
+            read(format!("/sys/fs/cgroup/cpu/{ns}/{id}/cpu.cfs_quota_us"))?
+                .trim()
+                .parse()
+                .ok()?,
+            read(format!("/sys/fs/cgroup/cpu/{ns}/{id}/cpu.cfs_period_us"))?
+                .trim()
+                .parse()
+                .ok()?,
+        ),
+    };
+    Some(quota * 1000 / period.max(1))
+}
+
+/// Milliseconds of the boot clock (CLOCK_BOOTTIME, as the shim's `boot_ms` and the
+/// container's `/proc/uptime`).
+fn boot_now_ms() -> u64 {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME)
+        .map(|t| t.tv_sec() as u64 * 1000 + t.tv_nsec() as u64 / 1_000_000)
+        .unwrap_or(0)
+}
+
 #[test]
 #[ignore = "needs root, containerd, runc, umoci"]
 fn cpu_burst_raises_quota_within_one_sample_and_lowers_it_after_idle() -> Result<()> {
+    /// The container's request, millicores (2000 µs per 20000 µs period).
+    const REQUEST: u64 = 100;
     let _serial = serial();
     let env = ShimEnv::start("el-burst")?;
-    // Idle until the quota is the request again (on a slow emulated machine the
-    // container's own start-up — runc init, the shell — can already be throttled at 0.5
-    // core and raise it; the 3 s window then halves it back), 1 s more, then the burst on
-    // 2 threads, then idle 5 s (scale-down window 3 s for the test). The container reads
-    // its quota from the machine's cgroup tree, bound read-only at /host-cgroup (ctr gives
-    // containers no cgroup mount): v2 `<ns>/<id>/cpu.max`, v1 `cpu/<ns>/<id>/cpu.cfs_quota_us`.
+    // The container (0.1 core as 2 ms per 20 ms CFS period, so that one sample of the
+    // default 200 ms holds ~10 periods — with 100 ms periods a sample holds 2 and the
+    // throttled fraction is 0, 1/2 or 1 by where the burst starts; 2 busy threads in the
+    // burst, 20x the quota, so that even a saturated node gives them more than the quota and
+    // every period is throttled; scale-down window 3 s) is
+    // driven through two FIFOs in a bind-mounted dir, so that it is idle — blocked in
+    // `read`, not polling — whenever the test waits:
+    // 1. it writes `ready` and blocks on `go1`; the test waits until its cgroup quota is
+    //    the request (a start-up raise — runc init and the shell on a slow emulated
+    //    machine can be throttled at 0.1 core — is halved back by the idle window) and no
+    //    change came for 3 sampling intervals after both `ready` and the last change;
+    // 2. it prints `start <uptime>`, bursts, prints `end <uptime>`, blocks on `go2`; the
+    //    test waits for the first lowering (bounded: window + 20 intervals after `end`);
+    // 3. it exits. Times are the machine's boot clock: the shim's `boot_ms`, the
+    //    container's `/proc/uptime` (read with the shell's `read`, no fork).
     let iters = std::env::var("WEENV_TEST_BURST_ITERS")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(300_000);
-    let cg = format!("{}/b1", env.ctd.namespace());
+    let iv = interval_ms();
+    let window_ms = 3000;
+    let sync = env.ctd.dir().join("burst-sync");
+    std::fs::create_dir_all(&sync)?;
+    for f in ["go1", "go2"] {
+        nix::unistd::mkfifo(
+            &sync.join(f),
+            nix::sys::stat::Mode::from_bits_truncate(0o600),
+        )?;
+    }
     let script = format!(
-        "q() {{ cat /host-cgroup/{cg}/cpu.max /host-cgroup/cpu/{cg}/cpu.cfs_quota_us 2>/dev/null | head -n1 | cut -d' ' -f1; }}; \
-         sleep 1; n=0; while [ \"$(q)\" != 50000 ] && [ $n -lt 300 ]; do sleep 0.1; n=$((n+1)); done; \
-         echo quota $(q); sleep 1; echo start $(cat /proc/uptime); {} ; echo end $(cat /proc/uptime); sleep 5",
+        "echo ready > /sync/ready; read x < /sync/go1; \
+         read up _ < /proc/uptime; echo start $up; {} ; read up _ < /proc/uptime; echo end $up; \
+         echo end > /sync/end; read x < /sync/go2",
         burst_script(iters)
     );
-    let o = env.run(
-        "b1",
-        &[
-            "--rm",
-            "--cpus=0.5",
-            "--annotation=io.weenv.cpu.scale_down_window_s=3",
-            "--mount=type=bind,src=/sys/fs/cgroup,dst=/host-cgroup,options=rbind:ro",
-        ],
-        &["/bin/sh", "-c", &script],
-    )?;
+    let mount = format!(
+        "--mount=type=bind,src={},dst=/sync,options=rbind:rw",
+        sync.display()
+    );
+    let window_ann = format!(
+        "--annotation=io.weenv.cpu.scale_down_window_s={}",
+        window_ms / 1000
+    );
+    let ns = env.ctd.namespace().to_string();
+    let (o, waited) = std::thread::scope(|s| -> Result<_> {
+        let run = s.spawn(|| {
+            let r = env.run(
+                "b1",
+                &[
+                    "--rm",
+                    "--cpu-quota=2000",
+                    "--cpu-period=20000",
+                    &window_ann,
+                    &mount,
+                ],
+                &["/bin/sh", "-c", &script],
+            );
+            // Unblock the steps below if the container ended early.
+            let _ = std::fs::write(sync.join("exited"), "");
+            r
+        });
+        let gone = || sync.join("exited").exists();
+        // Step 1: idle at the request.
+        let mut ready_at = None;
+        let deadline = Instant::now() + std::time::Duration::from_secs(600);
+        let mut at_request_since = None;
+        while !gone() && Instant::now() < deadline {
+            let now = boot_now_ms();
+            if ready_at.is_none() && sync.join("ready").exists() {
+                ready_at = Some(now);
+            }
+            let last_change = env
+                .changes("b1")
+                .unwrap_or_default()
+                .iter()
+                .filter(|c| c["resource"] == "cpu")
+                .filter_map(|c| c["boot_ms"].as_u64())
+                .max()
+                .unwrap_or(0);
+            let at_request = cgroup_cpu_millicores(&ns, "b1") == Some(REQUEST);
+            at_request_since = match (at_request, at_request_since) {
+                (false, _) => None,
+                (true, None) => Some(now),
+                (true, s) => s,
+            };
+            if let (Some(r), Some(a)) = (ready_at, at_request_since) {
+                if now >= r.max(last_change).max(a) + 3 * iv {
+                    break;
+                }
+            }
+            std::thread::sleep(std::time::Duration::from_millis(iv / 4));
+        }
+        let waited = (ready_at, boot_now_ms());
+        release(&sync.join("go1"), gone)?;
+        // Step 2: wait for the burst's end, then for the first lowering.
+        while !gone() && !sync.join("end").exists() && Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(iv / 4));
+        }
+        let end_seen = boot_now_ms();
+        while !gone() && boot_now_ms() < end_seen + window_ms + 20 * iv {
+            let lowered = env.changes("b1").unwrap_or_default().iter().any(|c| {
+                c["resource"] == "cpu"
+                    && c["new"].as_u64() < c["old"].as_u64()
+                    && c["boot_ms"].as_u64() >= Some(waited.1)
+            });
+            if lowered {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(iv / 4));
+        }
+        release(&sync.join("go2"), gone)?;
+        let o = run
+            .join()
+            .map_err(|_| anyhow::anyhow!("ctr run thread panicked"))??;
+        Ok((o, waited))
+    })?;
     let out = stdout(&o);
     assert_eq!(code(&o), 0, "{out} {}", String::from_utf8_lossy(&o.stderr));
-    assert!(
-        out.contains("quota 50000\n"),
-        "the quota never returned to the request before the burst: {out}"
-    );
-    let start = marks(&out, "start")[0];
-    let end = marks(&out, "end")[0];
+    let (ready_at, released_at) = waited;
+    assert!(ready_at.is_some(), "the container never got ready: {out}");
+    let start = *marks(&out, "start").first().context("no start mark")?;
+    let end = *marks(&out, "end").first().context("no end mark")?;
     let changes = env.changes("b1")?;
     let all: Vec<_> = changes.iter().filter(|c| c["resource"] == "cpu").collect();
-    println!("burst {start}..{end} ms (boot clock); cpu changes: {all:#?}");
-    // Changes during start-up (before the quota was back at the request, at least 1 s
-    // before the burst) are not the burst's; a raise in the idle second before it is.
+    println!(
+        "ready {ready_at:?}, released {released_at}, burst {start}..{end} ms (boot clock); cpu changes: {all:#?}"
+    );
+    assert_cgroup_version(&env, "b1")?;
+    // Before the release the quota was back at the request (start-up changes, if any,
+    // ended there); every change after it is the burst's or the idle phase's.
+    let before: Vec<_> = all
+        .iter()
+        .filter(|c| c["boot_ms"].as_u64() < Some(released_at))
+        .collect();
+    if let Some(last) = before.last() {
+        assert_eq!(
+            last["new"], REQUEST,
+            "released above the request: {before:?}"
+        );
+    }
     let cpu: Vec<_> = all
         .iter()
-        .filter(|c| c["boot_ms"].as_u64().is_some_and(|t| t + 900 >= start))
+        .filter(|c| c["boot_ms"].as_u64() >= Some(released_at))
         .copied()
         .collect();
     let first = cpu.first().with_context(|| {
         format!(
-            "no CPU change recorded; status {:?}; log:\n{}",
+            "no CPU change after the release; status {:?}; log:\n{}",
             env.status("b1"),
             env.ctd.log()
         )
     })?;
-    assert_cgroup_version(&env, "b1")?;
     let up_at = first["boot_ms"].as_u64().context("boot_ms")?;
-    assert_eq!(first["old"], 500);
-    // x2 for ordinary pressure, x4 for severe throttling, clamped to the node's ceiling.
-    let factor = match first["reason"]["kind"].as_str() {
-        Some("cpu_severe_throttled") => 4,
-        Some("cpu_throttled" | "cpu_utilisation") => 2,
-        other => panic!("unexpected reason of the first raise: {other:?}"),
-    };
-    assert_eq!(
-        first["new"].as_u64(),
-        Some((500 * factor).min(cpu_ceiling_millicores())),
-        "first raise {first}"
-    );
+    assert_eq!(first["old"], REQUEST);
+    // Every raise: x4 when more than 80% of the sample's periods were throttled (severe),
+    // x2 for ordinary pressure (>= 10% throttled or >= 85% of the quota used), clamped to
+    // the node's ceiling; the reason's recorded fraction agrees with the rule.
+    for c in cpu.iter().filter(|c| c["new"].as_u64() > c["old"].as_u64()) {
+        let old = c["old"].as_u64().context("old")?;
+        let thr = c["reason"]["throttled"].as_f64();
+        let factor = match c["reason"]["kind"].as_str() {
+            Some("cpu_severe_throttled") if thr > Some(0.8) => 4,
+            Some("cpu_throttled") if thr >= Some(0.1) && thr <= Some(0.8) => 2,
+            Some("cpu_utilisation") => 2,
+            _ => panic!("raise with an unexpected reason: {c}"),
+        };
+        assert_eq!(
+            c["new"].as_u64(),
+            Some((old * factor).min(cpu_ceiling_millicores())),
+            "raise {c}"
+        );
+    }
     // /proc/uptime has 10 ms resolution; the first sample after the burst starts sees it.
     assert!(
         up_at + 10 >= start,
         "raised before the burst: {up_at} < {start}"
     );
-    let iv = interval_ms();
     assert!(
         up_at <= start + 2 * iv,
         "raised {} ms after the burst started; expected within one sample period of {iv} ms (+1 of scheduling slack)",
         up_at - start
     );
-    // Lowered only after the quiet window following the burst.
+    // Two busy threads at 0.1 core demand 20x the quota: every whole CFS period of the
+    // burst is throttled, so the first raise is the severe one (x4).
+    assert_eq!(
+        first["reason"]["kind"], "cpu_severe_throttled",
+        "first raise of a 20x overload not x4: {first}"
+    );
+    let raises = cpu
+        .iter()
+        .filter(|c| c["new"].as_u64() > c["old"].as_u64())
+        .count();
+    // Conservative scale-down: no lowering during the burst, the first one only after a
+    // whole quiet window following the last raise, and then within a few samples of it.
     let down = cpu
         .iter()
         .find(|c| c["new"].as_u64() < c["old"].as_u64())
         .context("quota was never lowered in the idle phase")?;
     let down_at = down["boot_ms"].as_u64().context("boot_ms")?;
-    // A halving needs a whole quiet window after the last change. (Utilisation is
-    // measured against the quota, so on a CPU-saturated node a starved burst can look
-    // quiet; the window is therefore asserted against the recorded raise, not `end`.)
+    assert_eq!(down["reason"]["kind"], "cpu_idle");
+    assert!(
+        down_at >= end,
+        "lowered during the burst: {down:?} (burst ended {end})"
+    );
     let last_up = cpu
         .iter()
         .filter(|c| c["new"].as_u64() > c["old"].as_u64())
         .filter_map(|c| c["boot_ms"].as_u64())
         .filter(|t| *t <= down_at)
         .max()
-        .context("no raise before the halving")?;
+        .context("no raise before the lowering")?;
     assert!(
-        down_at + 10 >= last_up + 3000,
-        "halved {} ms after the last raise, before the 3 s window",
+        down_at + 10 >= last_up + window_ms,
+        "halved {} ms after the last raise, before the {window_ms} ms window",
         down_at - last_up
     );
-    println!(
-        "burst raised after {} ms; halved {} ms after the burst ended",
-        up_at.saturating_sub(start),
-        down_at.saturating_sub(end)
+    // And not lazily: due a window after the later of the last raise and the burst's end
+    // (the window may already start in the sample holding the end), within 4 samples.
+    let due = last_up.max(end) + window_ms;
+    assert!(
+        down_at <= due + 4 * iv,
+        "halved {} ms after a quiet window since the last raise and the burst's end ({due} ms); expected within 4 samples of {iv} ms",
+        down_at - due
     );
-    assert_eq!(down["reason"]["kind"], "cpu_idle");
+    println!(
+        "burst raised after {} ms ({} -> {}, {raises} raises in all); halved {} ms after the last raise, {} ms after the burst ended",
+        up_at.saturating_sub(start),
+        first["old"],
+        first["new"],
+        down_at - last_up,
+        down_at as i64 - end as i64
+    );
     Ok(())
 }
 

@@ -4,6 +4,11 @@
 //! else a cgroup2 child), moves a `sleep` into it, then times `CgroupIo::sample` and a
 //! full `Monitor::round` (sample + ledger check + decide; no change is applied because the
 //! sleeper is idle). Prints µs per round; the issue's target is ≤ 50 µs.
+//!
+//! Two references measured the same way in the same run, so that machines of different
+//! speed (this host, the emulated cgroup v2 VM of `scripts/vm-shim-tests.sh`) compare as
+//! ratios: `file read` (open + read + close of `/proc/self/stat`: the kernel path a sample
+//! is made of) and `compute` (10,000 rounds of xorshift64 in user space).
 #![allow(clippy::unwrap_used)]
 
 use std::path::PathBuf;
@@ -104,15 +109,45 @@ fn monitoring_cost_per_round() {
         round_us.push(t.elapsed().as_secs_f64() * 1e6 / n as f64);
     }
     m.release();
+    let mut read_us = vec![];
+    let mut compute_us = vec![];
+    for _ in 0..batches {
+        let t = Instant::now();
+        for _ in 0..n {
+            std::hint::black_box(std::fs::read("/proc/self/stat").unwrap());
+        }
+        read_us.push(t.elapsed().as_secs_f64() * 1e6 / n as f64);
+        let t = Instant::now();
+        for i in 0..n {
+            let mut x = std::hint::black_box(0x9e37_79b9_7f4a_7c15u64 ^ i as u64);
+            for _ in 0..10_000 {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+            }
+            std::hint::black_box(x);
+        }
+        compute_us.push(t.elapsed().as_secs_f64() * 1e6 / n as f64);
+    }
     let stats = |v: &mut Vec<f64>| {
         v.sort_by(f64::total_cmp);
         (v[0], v[v.len() / 2])
     };
     let (smin, smed) = stats(&mut sample_us);
     let (rmin, rmed) = stats(&mut round_us);
+    let (_, fmed) = stats(&mut read_us);
+    let (_, cmed) = stats(&mut compute_us);
     println!(
         "cgroup {}: sample min {smin:.1} / median {smed:.1} µs; full round (sample + ledger check + decide) min {rmin:.1} / median {rmed:.1} µs per container",
         version.as_str()
+    );
+    println!(
+        "references (medians, same run): file read {fmed:.2} µs, compute {cmed:.1} µs; \
+         sample = {:.1} file reads = {:.2} computes; round = {:.1} file reads = {:.2} computes",
+        smed / fmed,
+        smed / cmed,
+        rmed / fmed,
+        rmed / cmed
     );
     assert_eq!(
         m.current().cpu.unwrap().value,
