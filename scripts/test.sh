@@ -41,10 +41,12 @@ run_tests() {
 }
 step "cargo test (incl. ignored)" run_tests
 # The shim's elastic scenarios again on cgroup v2, in the VM of scripts/vm-cgroup2.sh (this
-# machine binds cpu/memory to v1): a short subset; the image is built once and cached under
-# /var/tmp (cold build ~2 min). The whole v2 suite: scripts/vm-shim-tests.sh (shim/README.md).
+# machine binds cpu/memory to v1): a short subset (CPU burst, memory pressure, persistent OOM,
+# admission); the image is built once and cached under /var/tmp (cold build ~2 min). The
+# whole v2 suite (+ lifecycle, memory growth, the CRI pod): scripts/vm-shim-tests.sh
+# (shim/README.md).
 run_vm_tests() {
-  WEENV_VM_TESTS=shim_elastic scripts/vm-shim-tests.sh memory_pressure persistent_oom admission 2>&1 |
+  WEENV_VM_TESTS=shim_elastic scripts/vm-shim-tests.sh cpu_burst memory_pressure persistent_oom admission 2>&1 |
     tee -a "$test_log"
 }
 step "shim e2e on cgroup v2 (VM, subset)" run_vm_tests
