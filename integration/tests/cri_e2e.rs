@@ -25,15 +25,13 @@
 mod cri_common;
 mod snapshotter_common;
 
-use anyhow::{bail, ensure, Context, Result};
+use anyhow::{ensure, Context, Result};
 use cri_common::*;
 use snapshotter_common::*;
 use std::collections::HashMap;
-use std::future::Future;
-use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::path::Path;
 use weenv_integration::containerd::{Containerd, ContainerdOptions};
-use weenv_integration::cri::{api, parse_cri_log, Cri, CriOptions, WEENV_HANDLER};
+use weenv_integration::cri::{api, parse_cri_log, Cri, CriOptions};
 
 const SCRIPT: &str = "import json, sys; print(json.dumps({'ok': sys.version_info[0]}))";
 const EXPECTED: &str = "{\"ok\": 3}";

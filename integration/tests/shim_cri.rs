@@ -80,6 +80,7 @@ async fn cri_pod_with_the_weenv_handler_starts_at_the_request_and_rises_to_the_m
             disable_snapshot_annotations: true,
             sandbox_image: PAUSE_REF.into(),
             plain_http: vec![],
+            cni: None,
         }),
         ..Default::default()
     })?;

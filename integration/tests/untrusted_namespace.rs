@@ -293,6 +293,7 @@ async fn cri_pull_of_a_contested_chain_fails_loudly_in_k8s_io() -> Result<()> {
                 disable_snapshot_annotations: true,
                 sandbox_image: format!("{}/pause:none", g.host),
                 plain_http: vec![g.host.clone()],
+                cni: None,
             }),
             ..Default::default()
         })?;
