@@ -88,6 +88,7 @@ pub struct Config {
     pub peers: PeersSection,
     #[serde(default)]
     pub trust: TrustSection,
+    #[serde(default)]
     pub plans: PlansSection,
 }
 
@@ -938,6 +939,8 @@ mod tests {
 
     #[test]
     fn plans_section() {
+        // A config without the section keeps the endpoint off.
+        assert_eq!(parse("version = 1\n").unwrap().plans, PlansSection::default());
         let c = parse("version = 1\n[plans]\nlisten = \"127.0.0.1:9124\"\n").unwrap();
         assert_eq!(
             c.plans_addr().unwrap(),
