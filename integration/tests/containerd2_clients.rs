@@ -69,8 +69,11 @@ async fn nerdctl_and_crictl_on_containerd2_run_weenv_images_lazily() -> Result<(
     let pause = weenv_integration::images::pause()?;
     let sandbox_image = py.reg.push(&pause, "pause:1")?;
 
+    // The daemon knows only the proxy: containerd's content store records a layer's registry
+    // without its port, and with two registries on 127.0.0.1 the daemon (rightly) refuses to
+    // guess which one a layer came from. The pause image (plain, not weenv) never reaches it.
     let opts = DaemonOptions {
-        plain_http: vec![proxy.host(), py.reg.host()],
+        plain_http: vec![proxy.host()],
         ..py.daemon_options()
     };
     let daemon = Daemon::start(&py.tmp.path().join("snap"), &opts)?;
@@ -88,7 +91,13 @@ async fn nerdctl_and_crictl_on_containerd2_run_weenv_images_lazily() -> Result<(
     })?;
     daemon.use_containerd(&ctd)?;
     let v = ctd.ctr_ok(&["version"])?;
-    ensure!(v.contains("v2."), "not containerd 2.x:\n{v}");
+    // `ctr version` prints "Version:  v2.4.2" for release builds and "2.4.2+unknown" for ours.
+    let is_v2 = v.lines().any(|l| {
+        l.trim()
+            .strip_prefix("Version:")
+            .is_some_and(|x| x.trim().trim_start_matches('v').starts_with("2."))
+    });
+    ensure!(is_v2, "not containerd 2.x:\n{v}");
 
     // nerdctl: pull + run --rm (lazy), then run -d / exec / logs / rm.
     let n = Nerdctl::new(

@@ -61,6 +61,9 @@ pub enum ShimError {
     },
     #[error(transparent)]
     Stats(#[from] StatsError),
+    /// A stdio URI that does not parse, or a log file / logging binary that cannot be opened.
+    #[error(transparent)]
+    Stdio(#[from] crate::stdio::StdioError),
     #[error("process went away before its exit was seen")]
     ExitLost,
     #[error("monitor lock poisoned")]
@@ -102,7 +105,8 @@ impl ShimError {
             NoTty => Code::FAILED_PRECONDITION,
             NoCgroup => Code::UNAVAILABLE,
             Unsupported(_) => Code::UNIMPLEMENTED,
-            Runc { .. } | Io { .. } | Shim { .. } | Stats(_) => Code::UNKNOWN,
+            Stdio(crate::stdio::StdioError::Uri { .. }) => Code::INVALID_ARGUMENT,
+            Runc { .. } | Io { .. } | Shim { .. } | Stats(_) | Stdio(_) => Code::UNKNOWN,
             ExitLost | Poisoned => Code::INTERNAL,
         }
     }

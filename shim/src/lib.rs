@@ -26,3 +26,4 @@ pub mod runc;
 pub mod service;
 pub mod stats;
 pub mod status;
+pub mod stdio;

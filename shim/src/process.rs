@@ -10,7 +10,10 @@ use containerd_shim::api::Status as TaskStatus;
 use containerd_shim::protos::protobuf::well_known_types::timestamp::Timestamp;
 use tokio::sync::watch;
 
-use crate::runc::FifoIo;
+use std::sync::Arc;
+
+use crate::runc::{FifoIo, Output};
+use crate::stdio::{self, BinaryLogger, StdioError, Target};
 
 /// Exit of a process: status and time.
 #[derive(Debug, Clone, PartialEq)]
@@ -37,6 +40,8 @@ pub struct Process {
     pub console: Option<std::fs::File>,
     /// TTY: the shim's writer on the stdin FIFO; dropped by `CloseIO`.
     pub stdin_closer: Option<std::fs::File>,
+    /// The logging binary of a `binary://` stdout (SIGTERM when the process is dropped).
+    pub logger: Option<BinaryLogger>,
     tx: watch::Sender<Option<Exit>>,
 }
 
@@ -56,8 +61,37 @@ impl Process {
             exit: None,
             console: None,
             stdin_closer: None,
+            logger: None,
             tx,
         }
+    }
+
+    /// Opens a `file://` or `binary://` stdout (containerd passes the same URI for stderr):
+    /// both streams go to the file, or to the logging binary started here.
+    pub fn open_logs(&mut self, id: &str, namespace: &str) -> Result<(), StdioError> {
+        let (out, err) = match stdio::parse(&self.stdout)? {
+            Target::File(p) => {
+                let f = Arc::new(stdio::open_log_file(&p)?);
+                (f.clone(), f)
+            }
+            Target::Binary { path, args } => {
+                let l = BinaryLogger::start(&path, &args, id, namespace)?;
+                let out = l.stdout.try_clone().map_err(|source| StdioError::Binary {
+                    path: path.display().to_string(),
+                    source,
+                })?;
+                let err = l.stderr.try_clone().map_err(|source| StdioError::Binary {
+                    path: path.display().to_string(),
+                    source,
+                })?;
+                self.logger = Some(l);
+                (Arc::new(out), Arc::new(err))
+            }
+            Target::None | Target::Fifo(_) => return Ok(()),
+        };
+        self.stdio.stdout = Output::Open(out);
+        self.stdio.stderr = Output::Open(err);
+        Ok(())
     }
 
     /// Marks the process stopped and wakes waiters.

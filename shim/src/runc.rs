@@ -75,22 +75,48 @@ impl Spawner for ReaperSpawner {
     }
 }
 
-/// Container stdio: each stream is containerd's FIFO, or /dev/null when not given (a
-/// pipe would be inherited by the container and keep runc's output open forever).
+/// Container stdio: stdin is containerd's FIFO; stdout and stderr are its FIFOs or files the
+/// shim opened (`file://`, a logging binary's pipes: [`crate::stdio`]); /dev/null when not
+/// given (a pipe would be inherited by the container and keep runc's output open forever).
 #[derive(Debug, Clone, Default)]
 pub struct FifoIo {
     pub stdin: Option<PathBuf>,
-    pub stdout: Option<PathBuf>,
-    pub stderr: Option<PathBuf>,
+    pub stdout: Output,
+    pub stderr: Output,
+}
+
+/// Where stdout or stderr goes.
+#[derive(Debug, Clone, Default)]
+pub enum Output {
+    #[default]
+    Null,
+    Fifo(PathBuf),
+    /// Opened by the shim (a log file, a logging binary's pipe).
+    Open(Arc<std::fs::File>),
+}
+
+impl Output {
+    fn stdio(&self) -> std::io::Result<Stdio> {
+        Ok(match self {
+            Output::Null => Stdio::null(),
+            Output::Fifo(p) => Stdio::from(std::fs::OpenOptions::new().write(true).open(p)?),
+            Output::Open(f) => Stdio::from(f.try_clone()?),
+        })
+    }
 }
 
 impl FifoIo {
+    /// From containerd's strings; only FIFO paths are taken here (a URI target stays
+    /// [`Output::Null`] until [`crate::process::Process::open_logs`] opens it).
     pub fn new(stdin: &str, stdout: &str, stderr: &str) -> FifoIo {
-        let p = |s: &str| (!s.is_empty()).then(|| PathBuf::from(s));
+        let out = |s: &str| match crate::stdio::parse(s) {
+            Ok(crate::stdio::Target::Fifo(p)) => Output::Fifo(p),
+            _ => Output::Null,
+        };
         FifoIo {
-            stdin: p(stdin),
-            stdout: p(stdout),
-            stderr: p(stderr),
+            stdin: (!stdin.is_empty()).then(|| PathBuf::from(stdin)),
+            stdout: out(stdout),
+            stderr: out(stderr),
         }
     }
 }
@@ -108,17 +134,8 @@ impl runc::io::Io for FifoIo {
                 cmd.stdin(Stdio::null());
             }
         }
-        for (path, is_out) in [(&self.stdout, true), (&self.stderr, false)] {
-            let s = match path {
-                Some(p) => Stdio::from(std::fs::OpenOptions::new().write(true).open(p)?),
-                None => Stdio::null(),
-            };
-            if is_out {
-                cmd.stdout(s);
-            } else {
-                cmd.stderr(s);
-            }
-        }
+        cmd.stdout(self.stdout.stdio()?);
+        cmd.stderr(self.stderr.stdio()?);
         Ok(())
     }
 

@@ -940,7 +940,10 @@ mod tests {
     #[test]
     fn plans_section() {
         // A config without the section keeps the endpoint off.
-        assert_eq!(parse("version = 1\n").unwrap().plans, PlansSection::default());
+        assert_eq!(
+            parse("version = 1\n").unwrap().plans,
+            PlansSection::default()
+        );
         let c = parse("version = 1\n[plans]\nlisten = \"127.0.0.1:9124\"\n").unwrap();
         assert_eq!(
             c.plans_addr().unwrap(),

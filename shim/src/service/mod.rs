@@ -417,6 +417,9 @@ impl TaskService {
             })?,
         );
         let mut init = Process::new("", &req.stdin, &req.stdout, &req.stderr, req.terminal);
+        if !req.terminal {
+            init.open_logs(&req.id, &self.inner.namespace)?;
+        }
         let pid_file = bundle.join("init.pid");
         let mut opts = CreateOpts::new().pid_file(&pid_file);
         let console = if req.terminal {

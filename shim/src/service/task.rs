@@ -373,6 +373,10 @@ impl Task for TaskService {
             &req.stderr,
             req.terminal,
         );
+        if !req.terminal {
+            p.open_logs(&req.id, &self.inner.namespace)
+                .map_err(ShimError::from)?;
+        }
         p.spec = Some(
             req.spec
                 .as_ref()
