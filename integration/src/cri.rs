@@ -52,6 +52,10 @@ pub struct CriOptions {
     /// Pod networks through real CNI plugins (config version 3 only); `None`: empty CNI dirs
     /// (host-network pods only).
     pub cni: Option<CniNetwork>,
+    /// Registries reached through a plain-HTTP mirror: (`registry.k8s.io`, `host:port`) makes
+    /// containerd pull `registry.k8s.io/x` from `http://host:port/v2/x` (a `hosts.toml` with
+    /// that one host; the upstream server is not tried first).
+    pub mirrors: Vec<(String, String)>,
 }
 
 /// A CNI bridge network for pods: the plugins' dir (bridge, host-local, loopback, portmap from
@@ -182,6 +186,14 @@ impl CriOptions {
                 ),
             )?;
         }
+        for (registry, mirror) in &self.mirrors {
+            let hd = certs.join(registry);
+            std::fs::create_dir_all(&hd)?;
+            std::fs::write(
+                hd.join("hosts.toml"),
+                format!("[host.\"http://{mirror}\"]\n  capabilities = [\"pull\", \"resolve\"]\n"),
+            )?;
+        }
         Ok(())
     }
 }
@@ -260,6 +272,7 @@ mod tests {
             sandbox_image: "127.0.0.1:5000/pause:1".into(),
             plain_http: vec!["127.0.0.1:5000".into()],
             cni: None,
+            mirrors: vec![],
         };
         let cfg = o.config_toml(t.path())?;
         let v: toml::Value = toml::from_str(&format!("version = 2\n{cfg}"))?;

@@ -181,6 +181,9 @@ pub struct CritestRun {
     /// `--ginkgo.focus` / `--ginkgo.skip` (regexes; empty: none).
     pub focus: String,
     pub skip: String,
+    /// `--registry-prefix`: the registry critest's own images (httpd, …) are pulled from
+    /// instead of registry.k8s.io (`host:port`; empty: registry.k8s.io).
+    pub registry_prefix: String,
     /// Where the images file and the JUnit report go.
     pub dir: PathBuf,
     pub timeout: Duration,
@@ -203,11 +206,17 @@ impl CritestRun {
         c.args(["--runtime-endpoint", &ep, "--image-endpoint", &ep])
             .arg("--test-images-file")
             .arg(&images)
-            .arg("--report-dir")
-            .arg(&self.dir)
+            // critest 1.37 takes --report-dir but writes no report itself; ginkgo does.
+            .arg(format!(
+                "--ginkgo.junit-report={}",
+                self.dir.join("junit.xml").display()
+            ))
             .arg(format!("--ginkgo.timeout={}s", self.timeout.as_secs()))
             .arg("--ginkgo.no-color")
             .stdin(Stdio::null());
+        if !self.registry_prefix.is_empty() {
+            c.args(["--registry-prefix", &self.registry_prefix]);
+        }
         if !self.runtime_handler.is_empty() {
             c.args(["--runtime-handler", &self.runtime_handler]);
         }

@@ -73,6 +73,78 @@ pub fn busybox() -> Result<OciImage> {
     })
 }
 
+/// busybox-static with a symlink for every applet it has (`busybox --list`: top, nc, wget, …)
+/// and a small `/bin/pgrep` (Debian's busybox-static has none), one gzip layer. Tag
+/// `busybox`. The image the CRI validation suite (critest) runs its containers from: its specs
+/// call applets the small [`busybox`] image leaves out.
+pub fn busybox_all_applets() -> Result<OciImage> {
+    busybox_full("busybox-all", "busybox", &["--config.cmd", "/bin/sh"])
+}
+
+/// [`busybox_all_applets`] serving `/www` with busybox's `httpd` on port 80 : the stand-in for critest's `e2e-test-images/httpd` (which
+/// lives on registry.k8s.io, out of reach here); it logs one line naming httpd first. Tag
+/// `httpd`.
+pub fn busybox_httpd() -> Result<OciImage> {
+    // The real image's Apache says "httpd" on start-up (critest looks for it in the log).
+    busybox_full(
+        "busybox-httpd",
+        "httpd",
+        &[
+            "--config.cmd",
+            "/bin/sh",
+            "--config.cmd",
+            "-c",
+            "--config.cmd",
+            "echo 'httpd: serving /www on :80'; exec httpd -f -p 80 -h /www",
+        ],
+    )
+}
+
+/// `/bin/pgrep PATTERN`: the pids whose process name contains PATTERN, exit 1 when none.
+const PGREP: &str = "#!/bin/sh\n# pgrep PATTERN (Debian's busybox-static has no pgrep applet)\n\
+st=1\nfor d in /proc/[0-9]*; do\n  read -r n < \"$d/comm\" 2>/dev/null || continue\n  \
+case \"$n\" in *\"$1\"*) echo \"${d#/proc/}\"; st=0;; esac\ndone\nexit $st\n";
+
+fn busybox_full(name: &str, tag: &str, config: &[&str]) -> Result<OciImage> {
+    cached(name, tag, |dir| {
+        let layout = dir.join("oci");
+        let bundle = dir.join("bundle");
+        let img = umoci_new(&layout, tag)?;
+        run(Command::new("umoci")
+            .args(["unpack", "--image", &img])
+            .arg(&bundle))?;
+        let rootfs = bundle.join("rootfs");
+        populate_busybox(&rootfs)?;
+        let list = Command::new(host_busybox()?)
+            .arg("--list")
+            .output()
+            .context("busybox --list")?;
+        let bin = rootfs.join("bin");
+        for applet in String::from_utf8_lossy(&list.stdout).split_whitespace() {
+            let link = bin.join(applet);
+            if applet != "busybox" && !link.exists() {
+                std::os::unix::fs::symlink("busybox", link)?;
+            }
+        }
+        let pgrep = bin.join("pgrep");
+        if !pgrep.exists() {
+            fs::write(&pgrep, PGREP)?;
+            fs::set_permissions(&pgrep, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
+        }
+        fs::create_dir_all(rootfs.join("www"))?;
+        fs::write(rootfs.join("www/index.html"), "weenv test page\n")?;
+        run(Command::new("umoci")
+            .args(["repack", "--image", &img])
+            .arg(&bundle))?;
+        run(Command::new("umoci")
+            .args(["config", "--image", &img, "--clear=config.cmd"])
+            .args(config)
+            .args(["--config.env", "PATH=/bin:/usr/bin:/sbin:/usr/sbin"]))?;
+        fs::remove_dir_all(&bundle).with_context(|| format!("removing {}", bundle.display()))?;
+        Ok(layout)
+    })
+}
+
 /// busybox plus `/data`: `files` incompressible files of `file_kib` KiB each (deterministic
 /// pseudo-random bytes) and `/data/SHA256SUMS` listing them, so `cd /data && sha256sum -c
 /// SHA256SUMS` reads every byte and checks it. One gzip layer. Tag `data`. The cluster tests of
@@ -116,11 +188,12 @@ pub fn busybox_data(files: usize, file_kib: usize) -> Result<OciImage> {
     )
 }
 
-/// A pod sandbox ("pause") image for CRI tests, built locally: busybox-static as `/bin/sleep`
-/// and nothing else, entrypoint `/bin/sleep 2147483647` (containerd's CRI plugin stops a
+/// A pod sandbox ("pause") image for CRI tests, built locally: busybox-static as `/bin/busybox`
+/// and nothing else, entrypoint `/bin/busybox sleep 2147483647` (containerd's CRI plugin stops a
 /// sandbox with SIGKILL, so no signal handling is needed). One gzip layer. Tag `pause`.
 pub fn pause() -> Result<OciImage> {
-    cached("pause", "pause", |dir| {
+    // Cache key "pause-busybox": the recipe changed from a busybox copy named `sleep`.
+    cached("pause-busybox", "pause", |dir| {
         let layout = dir.join("oci");
         let bundle = dir.join("bundle");
         let img = umoci_new(&layout, "pause")?;
@@ -130,8 +203,10 @@ pub fn pause() -> Result<OciImage> {
         let bin = bundle.join("rootfs/bin");
         fs::create_dir_all(&bin)?;
         let src = host_busybox()?;
-        // busybox runs the applet named by argv[0]: a copy named `sleep` is `sleep`.
-        fs::copy(src, bin.join("sleep")).context("copying busybox")?;
+        // `busybox sleep`: the process is named `busybox`, not `sleep`, so a `pgrep sleep` in a
+        // container sharing the pod's PID namespace (critest's execSync timeout spec) does not
+        // find the sandbox.
+        fs::copy(src, bin.join("busybox")).context("copying busybox")?;
         run(Command::new("umoci")
             .args(["repack", "--image", &img])
             .arg(&bundle))?;
@@ -140,7 +215,9 @@ pub fn pause() -> Result<OciImage> {
             "--image",
             &img,
             "--config.entrypoint",
-            "/bin/sleep",
+            "/bin/busybox",
+            "--config.entrypoint",
+            "sleep",
             "--config.cmd",
             "2147483647",
         ]))?;

@@ -86,6 +86,7 @@ async fn nerdctl_and_crictl_on_containerd2_run_weenv_images_lazily() -> Result<(
             sandbox_image: sandbox_image.clone(),
             plain_http: vec![proxy.host(), py.reg.host()],
             cni: None,
+            mirrors: vec![],
         }),
         ..Default::default()
     })?;

@@ -61,6 +61,7 @@ fn cri_containerd(
             sandbox_image: sandbox_image.into(),
             plain_http: vec![py.reg.host(), py.proxy.host()],
             cni: None,
+            mirrors: vec![],
         }),
         ..Default::default()
     })?;

@@ -45,11 +45,20 @@ async fn critest_passes_with_weenv_wherever_overlayfs_and_runc_pass() -> Result<
     ])?;
     let tmp = tempfile::tempdir()?;
     let reg = weenv_integration::registry::LocalRegistry::start(tmp.path())?;
-    let gz = reg.push(&weenv_integration::images::busybox()?, "busybox:1")?;
+    let gz = reg.push(
+        &weenv_integration::images::busybox_all_applets()?,
+        "busybox:1",
+    )?;
     let weenv = format!("{}/busybox:weenv", reg.host());
     let c = client(&[reg.host()])?;
     convert(&c, &gz, &weenv).await?;
     let pause = reg.push(&weenv_integration::images::pause()?, "pause:1")?;
+    // critest's web server image, under the path it asks registry.k8s.io for (containerd
+    // reaches registry.k8s.io through a mirror on the test registry: `CriOptions::mirrors`).
+    reg.push(
+        &weenv_integration::images::busybox_httpd()?,
+        "e2e-test-images/httpd:2.4.39-4",
+    )?;
 
     let mut ns = Netns::new("critest")?;
     ns.serve_registry(
@@ -81,6 +90,7 @@ async fn critest_passes_with_weenv_wherever_overlayfs_and_runc_pass() -> Result<
                     bin_dir: tools.tool("cni")?.dir.clone(),
                     subnet: "10.88.0.0/16".into(),
                 }),
+                mirrors: vec![("registry.k8s.io".into(), reg.host())],
             }),
             ..Default::default()
         })?;
@@ -89,6 +99,7 @@ async fn critest_passes_with_weenv_wherever_overlayfs_and_runc_pass() -> Result<
             critest: tools.bin("critest", "critest")?,
             endpoint: ctd.address().to_path_buf(),
             image: image.into(),
+            registry_prefix: String::new(),
             runtime_handler: handler.into(),
             focus: focus.clone(),
             skip: skip.clone(),

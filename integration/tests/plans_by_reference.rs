@@ -329,6 +329,7 @@ async fn scenario(release: Release, label: &str) -> Result<()> {
             sandbox_image: pause.clone(),
             plain_http: vec![],
             cni: None,
+            mirrors: vec![],
         }),
         ..Default::default()
     })?;

@@ -81,6 +81,7 @@ async fn cri_pod_with_the_weenv_handler_starts_at_the_request_and_rises_to_the_m
             sandbox_image: PAUSE_REF.into(),
             plain_http: vec![],
             cni: None,
+            mirrors: vec![],
         }),
         ..Default::default()
     })?;

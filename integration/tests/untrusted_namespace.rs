@@ -294,6 +294,7 @@ async fn cri_pull_of_a_contested_chain_fails_loudly_in_k8s_io() -> Result<()> {
                 sandbox_image: format!("{}/pause:none", g.host),
                 plain_http: vec![g.host.clone()],
                 cni: None,
+                mirrors: vec![],
             }),
             ..Default::default()
         })?;
