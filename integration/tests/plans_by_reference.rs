@@ -266,11 +266,19 @@ fn ctr_pull_run(
             "--snapshotter",
             "weenv",
             plan,
-            &format!("{ns}-1"),
+            &container_id(ns),
         ],
     )?;
     let out = ok_output("ctr run", o)?;
     Ok((out, pulled, t.elapsed().as_secs_f64()))
+}
+
+/// A container id no other scenario of this process uses: the two containerd releases run
+/// side by side and runc's state (`/run/containerd/runc/<namespace>/<id>`) is per host.
+fn container_id(ns: &str) -> String {
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("{ns}-{}-{n}", std::process::id())
 }
 
 /// The stderr of a `ctr images pull` that must fail.
