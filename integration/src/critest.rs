@@ -181,6 +181,9 @@ pub struct CritestRun {
     /// `--ginkgo.focus` / `--ginkgo.skip` (regexes; empty: none).
     pub focus: String,
     pub skip: String,
+    /// `webServerTestImage` (networking and port-forward specs: serves HTTP on port 80);
+    /// empty: [`CritestRun::image`].
+    pub web_server_image: String,
     /// `--registry-prefix`: the registry critest's own images (httpd, …) are pulled from
     /// instead of registry.k8s.io (`host:port`; empty: registry.k8s.io).
     pub registry_prefix: String,
@@ -198,7 +201,12 @@ impl CritestRun {
             &images,
             format!(
                 "defaultTestContainerImage: {}\nwebServerTestImage: {}\n",
-                self.image, self.image
+                self.image,
+                if self.web_server_image.is_empty() {
+                    &self.image
+                } else {
+                    &self.web_server_image
+                }
             ),
         )?;
         let ep = format!("unix://{}", self.endpoint.display());

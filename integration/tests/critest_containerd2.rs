@@ -26,6 +26,35 @@ runtime should support exec|runtime should support execSync|\
 runtime should support adding volume and device|when running multiple containers in a pod|\
 Idempotence";
 
+/// critest's web server image (multi-container and networking specs), mirrored to the test
+/// registry as a busybox httpd stand-in.
+const HTTPD: &str = "registry.k8s.io/e2e-test-images/httpd:2.4.39-4";
+
+/// Specs the weenv run may fail or skip although the control passes, each for a reason that is
+/// weenv's by design or not done yet (docs/kubernetes.md, "critest"): (spec substring, reason).
+const KNOWN: &[(&str, &str)] = &[
+    (
+        "should terminate with exitCode 137 and reason OOMKilled",
+        "elastic memory: the weenv shim raises a container's memory limit under pressure instead \
+         of letting the kernel OOM-kill it; at its top tier it ends the task with exit 247 and \
+         the shim's reason",
+    ),
+    (
+        "should support listing pod sandbox metrics",
+        "the weenv shim's Stats reports cpu, memory usage/limit and pids, not every cgroup \
+         counter runc's shim reports (kernel memory, swap, OOM events, threads)",
+    ),
+    (
+        "recursive readonly mount",
+        "runtime handler features: containerd learns them from runc's shim only (`runc \
+         features`); the weenv shim does not answer containerd's `-info` yet, so critest skips",
+    ),
+    (
+        "UserNamespaces",
+        "runtime handler features (user namespaces): as above, not advertised by the weenv shim",
+    ),
+];
+
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs root, fuse, docker-registry, skopeo, umoci, ip, nsenter and scripts/go-tools.sh (containerd 2.x, runc, critest, CNI plugins)"]
 async fn critest_passes_with_weenv_wherever_overlayfs_and_runc_pass() -> Result<()> {
@@ -57,7 +86,7 @@ async fn critest_passes_with_weenv_wherever_overlayfs_and_runc_pass() -> Result<
     // reaches registry.k8s.io through a mirror on the test registry: `CriOptions::mirrors`).
     reg.push(
         &weenv_integration::images::busybox_httpd()?,
-        "e2e-test-images/httpd:2.4.39-4",
+        HTTPD.trim_start_matches("registry.k8s.io/"),
     )?;
 
     let mut ns = Netns::new("critest")?;
@@ -99,6 +128,7 @@ async fn critest_passes_with_weenv_wherever_overlayfs_and_runc_pass() -> Result<
             critest: tools.bin("critest", "critest")?,
             endpoint: ctd.address().to_path_buf(),
             image: image.into(),
+            web_server_image: HTTPD.into(),
             registry_prefix: String::new(),
             runtime_handler: handler.into(),
             focus: focus.clone(),
@@ -135,6 +165,13 @@ async fn critest_passes_with_weenv_wherever_overlayfs_and_runc_pass() -> Result<
         })
         .map(|(n, _)| n)
         .collect();
+    let (known, regressions): (Vec<&String>, Vec<&String>) = regressions
+        .into_iter()
+        .partition(|n| KNOWN.iter().any(|(k, _)| n.contains(k)));
+    for n in &known {
+        let why = KNOWN.iter().find(|(k, _)| n.contains(k)).map(|(_, w)| *w);
+        println!("known difference: {n}: {}", why.unwrap_or_default());
+    }
     ensure!(
         regressions.is_empty(),
         "specs passing with overlayfs + runc but not with weenv: {regressions:?}\n{weenv_log}\n{}",

@@ -165,6 +165,9 @@ pub struct SnapshotService {
     counters: RemoteCounters,
     /// Held while a remote snapshot is checked for conflicts and inserted.
     remote_commit: parking_lot::Mutex<()>,
+    /// Layers a remote Prepare is mounting and has not yet recorded (digest → Prepares):
+    /// cleanup must not release them in that window.
+    mounting: Arc<parking_lot::Mutex<HashMap<String, usize>>>,
     store: Arc<MetaStore>,
     snapshots_dir: PathBuf,
     layers: Option<Arc<dyn LayerProvider>>,
@@ -205,6 +208,7 @@ impl SnapshotService {
         Ok(Self {
             counters: RemoteCounters::default(),
             remote_commit: parking_lot::Mutex::new(()),
+            mounting: Arc::default(),
             store,
             snapshots_dir,
             layers,
@@ -547,6 +551,9 @@ impl SnapshotService {
                 warn!(reference = %req.reference, error = %e, "cannot record resolved reference");
             }
         }
+        // From here until the record is in the store (or this Prepare gave up) cleanup
+        // leaves the layer mounted.
+        let _mounting = MountingGuard::new(&self.mounting, req.digest.to_string());
         let Some(m) = layers
             .mount(req)
             .await
@@ -721,26 +728,43 @@ impl SnapshotService {
 
     /// Remove directories no snapshot refers to and release unreferenced remote layers.
     pub fn cleanup(&self) -> Result<(), SnapshotError> {
-        let recs = self.store.list()?;
-        let ids: HashSet<String> = recs.iter().map(|r| r.id.to_string()).collect();
+        let ids = |recs: &[SnapshotRecord]| -> HashSet<String> {
+            recs.iter().map(|r| r.id.to_string()).collect()
+        };
+        let before = ids(&self.store.list()?);
         let rd =
             std::fs::read_dir(&self.snapshots_dir).map_err(io_err("read", &self.snapshots_dir))?;
-        for e in rd.flatten() {
-            let name = e.file_name().to_string_lossy().into_owned();
-            if !ids.contains(&name) {
+        let candidates: Vec<_> = rd
+            .flatten()
+            .filter(|e| !before.contains(e.file_name().to_string_lossy().as_ref()))
+            .collect();
+        if !candidates.is_empty() {
+            // A snapshot's record is written before its dir: one whose dir was listed above
+            // has its record in this second listing (a Prepare running meanwhile keeps it).
+            let now = ids(&self.store.list()?);
+            for e in candidates {
+                if now.contains(e.file_name().to_string_lossy().as_ref()) {
+                    continue;
+                }
                 let p = e.path();
                 info!(dir = %p.display(), "cleanup: removing orphan snapshot dir");
                 std::fs::remove_dir_all(&p).map_err(io_err("remove", &p))?;
             }
         }
         if let Some(layers) = &self.layers {
+            // Under the remote-commit lock, from a listing taken under it: a remote Prepare
+            // records its snapshot under the same lock, and one still mounting is in
+            // `mounting` — neither loses its layer to this release.
+            let _one = self.remote_commit.lock();
+            let recs = self.store.list()?;
+            let mounting = self.mounting.lock();
             let used: HashSet<&str> = recs
                 .iter()
                 .filter_map(|r| r.remote.as_ref())
                 .map(|r| r.digest.as_str())
                 .collect();
             for l in self.store.layers()? {
-                if used.contains(l.digest.as_str()) {
+                if used.contains(l.digest.as_str()) || mounting.contains_key(&l.digest) {
                     continue;
                 }
                 if let Ok(d) = l.digest.parse::<Digest>() {
@@ -751,6 +775,34 @@ impl SnapshotService {
             }
         }
         Ok(())
+    }
+}
+
+/// Marks a layer as being mounted by a remote Prepare for as long as it lives.
+struct MountingGuard {
+    set: Arc<parking_lot::Mutex<HashMap<String, usize>>>,
+    digest: String,
+}
+
+impl MountingGuard {
+    fn new(set: &Arc<parking_lot::Mutex<HashMap<String, usize>>>, digest: String) -> Self {
+        *set.lock().entry(digest.clone()).or_insert(0) += 1;
+        MountingGuard {
+            set: set.clone(),
+            digest,
+        }
+    }
+}
+
+impl Drop for MountingGuard {
+    fn drop(&mut self) {
+        let mut m = self.set.lock();
+        if let Some(n) = m.get_mut(&self.digest) {
+            *n -= 1;
+            if *n == 0 {
+                m.remove(&self.digest);
+            }
+        }
     }
 }
 
