@@ -21,7 +21,8 @@ use anyhow::{bail, ensure, Result};
 use snapshotter_common::*;
 use std::time::{Duration, Instant};
 use weenv_format::testdata::noise;
-use weenv_integration::containerd::{Containerd, ContainerdOptions};
+use weenv_integration::containerd::Containerd;
+use weenv_integration::stack::Stack;
 
 const FSCHECK: &str = include_str!("../fscheck/fscheck.py");
 
@@ -190,31 +191,20 @@ fn differences(want: &str, got: &str) -> Vec<String> {
 async fn same_filesystem_semantics_as_overlayfs() -> Result<()> {
     let mut bins = PYTHON_BINS.to_vec();
     bins.push("umoci");
-    weenv_integration::util::require_root_and_bins(&bins)?;
     let tmp = tempfile::tempdir()?;
     let img = image_with_layers(
         tmp.path(),
         &weenv_integration::images::python()?,
         &[plain_fixture()?, xattr_fixture()?],
     )?;
-    let reg = weenv_integration::registry::LocalRegistry::start(tmp.path())?;
-    let gz = reg.push(&img, "fscheck:gz")?;
-    let weenv = format!("{}/fscheck:weenv", reg.host());
-    convert(&client(&[reg.host()])?, &gz, &weenv).await?;
-
     // The fill is slowed down: the cold container starts on FUSE lowers only.
-    let daemon = Daemon::start(
-        &tmp.path().join("snap"),
-        &DaemonOptions {
-            plain_http: vec![reg.host()],
-            fill: true,
-            fill_extra: "rate_bytes_per_sec = 4000000\nquiet_ms = 0".into(),
-        },
-    )?;
-    let ctd = Containerd::start(ContainerdOptions {
-        proxy_snapshotter: Some(daemon.socket.clone()),
-        ..Default::default()
-    })?;
+    let stack = Stack::builder()
+        .require(&bins)
+        .fill(true)
+        .fill_extra("rate_bytes_per_sec = 4000000\nquiet_ms = 0")
+        .start()?;
+    let weenv = stack.push_converted(&img, "fscheck").await?.weenv;
+    let (daemon, ctd) = (&stack.daemon, &stack.ctd);
 
     // The reference: containerd's own overlayfs snapshotter, same image.
     let o = ctd.ctr_ns("stock", &["images", "pull", "--plain-http", &weenv])?;

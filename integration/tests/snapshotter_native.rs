@@ -17,7 +17,7 @@ mod snapshotter_common;
 use anyhow::{bail, ensure, Result};
 use snapshotter_common::*;
 use std::time::{Duration, Instant};
-use weenv_integration::containerd::{Containerd, ContainerdOptions};
+use weenv_integration::stack::Stack;
 
 /// The fourth layer: whiteout, opaque dir and the entry kinds the conformance check covers.
 fn extra_layer() -> Result<Vec<u8>> {
@@ -102,32 +102,20 @@ const CHECKS: &str = "import os; print('debian_version', os.path.exists('/etc/de
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs root, containerd, runc, fuse, docker-registry, skopeo, umoci, debootstrap"]
 async fn complete_layers_mount_native_trees() -> Result<()> {
-    weenv_integration::util::require_root_and_bins(PYTHON_BINS)?;
     let tmp = tempfile::tempdir()?;
     let img = image_with_layers(
         tmp.path(),
         &weenv_integration::images::python()?,
         &[extra_layer()?],
     )?;
-    let reg = weenv_integration::registry::LocalRegistry::start(tmp.path())?;
-    let gz = reg.push(&img, "native:gz")?;
-    let weenv = format!("{}/native:weenv", reg.host());
-    let c = client(&[reg.host()])?;
-    convert(&c, &gz, &weenv).await?;
-
     // The fill is slowed down so that the first container starts before the switch.
-    let mut daemon = Daemon::start(
-        &tmp.path().join("snap"),
-        &DaemonOptions {
-            plain_http: vec![reg.host()],
-            fill: true,
-            fill_extra: "rate_bytes_per_sec = 6000000\nquiet_ms = 0".into(),
-        },
-    )?;
-    let ctd = Containerd::start(ContainerdOptions {
-        proxy_snapshotter: Some(daemon.socket.clone()),
-        ..Default::default()
-    })?;
+    let mut stack = Stack::builder()
+        .require(PYTHON_BINS)
+        .fill(true)
+        .fill_extra("rate_bytes_per_sec = 6000000\nquiet_ms = 0")
+        .start()?;
+    let weenv = stack.push_converted(&img, "native").await?.weenv;
+    let (daemon, ctd) = (&mut stack.daemon, &stack.ctd);
     let ns = "native";
     let rep = daemon.pull(ctd.address(), ns, &weenv)?;
     ensure!(rep.contains("4 lazy, 0 applied"), "{rep}");

@@ -248,14 +248,13 @@ fn snapshotter_exits_at_start_when_its_status_address_is_taken() -> Result<()> {
     let addr = taken.local_addr()?.to_string();
     let socket = tmp.path().join("snap.sock");
     let config = tmp.path().join("config.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "version = 1\nroot_dir = {root:?}\nsocket = {sock:?}\n[observability]\nlisten = {addr:?}\n",
-            root = tmp.path().join("state").display().to_string(),
-            sock = socket.display().to_string(),
-        ),
-    )?;
+    let mut cfg = weenv_snapshotter_api::config::Config {
+        root_dir: tmp.path().join("state"),
+        socket: socket.clone(),
+        ..Default::default()
+    };
+    cfg.observability.listen = addr.clone();
+    std::fs::write(&config, weenv_integration::daemon::config_text(&cfg)?)?;
     let mut child = Command::new(workspace_bin("weenv-snapshotter")?)
         .arg("--config")
         .arg(&config)
