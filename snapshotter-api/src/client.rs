@@ -43,10 +43,12 @@ pub async fn request(addr: &ListenAddr, method: &str, path: &str) -> Result<Stri
         source,
     };
     let req = Request::builder()
-        .method(Method::from_bytes(method.as_bytes()).map_err(|e| EndpointError::Request {
-            path: path.to_string(),
-            reason: e.to_string(),
-        })?)
+        .method(
+            Method::from_bytes(method.as_bytes()).map_err(|e| EndpointError::Request {
+                path: path.to_string(),
+                reason: e.to_string(),
+            })?,
+        )
         .uri(path)
         .header(hyper::header::HOST, "weenv")
         .body(Empty::<Bytes>::new())

@@ -102,7 +102,10 @@ pub fn route(method: &Method, path: &str, obs: &dyn Observable) -> Response {
 
 /// The answer to one request: `POST /verify/<digest>` goes to the layer provider, the rest to
 /// [`route`].
-async fn answer(req: Request<hyper::body::Incoming>, obs: Arc<dyn Observable>) -> hyper::Response<Full<Bytes>> {
+async fn answer(
+    req: Request<hyper::body::Incoming>,
+    obs: Arc<dyn Observable>,
+) -> hyper::Response<Full<Bytes>> {
     let (method, path) = (req.method(), req.uri().path());
     debug!(%method, path, "http request");
     let r = match verify_target(method, path) {
