@@ -191,18 +191,17 @@ fn differences(want: &str, got: &str) -> Vec<String> {
 async fn same_filesystem_semantics_as_overlayfs() -> Result<()> {
     let mut bins = PYTHON_BINS.to_vec();
     bins.push("umoci");
-    let tmp = tempfile::tempdir()?;
-    let img = image_with_layers(
-        tmp.path(),
-        &weenv_integration::images::python()?,
-        &[plain_fixture()?, xattr_fixture()?],
-    )?;
     // The fill is slowed down: the cold container starts on FUSE lowers only.
     let stack = Stack::builder()
         .require(&bins)
         .fill(true)
         .fill_extra("rate_bytes_per_sec = 4000000\nquiet_ms = 0")
         .start()?;
+    let img = image_with_layers(
+        &stack.dir("image")?,
+        &weenv_integration::images::python()?,
+        &[plain_fixture()?, xattr_fixture()?],
+    )?;
     let weenv = stack.push_converted(&img, "fscheck").await?.weenv;
     let (daemon, ctd) = (&stack.daemon, &stack.ctd);
 

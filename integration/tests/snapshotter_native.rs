@@ -102,18 +102,17 @@ const CHECKS: &str = "import os; print('debian_version', os.path.exists('/etc/de
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs root, containerd, runc, fuse, docker-registry, skopeo, umoci, debootstrap"]
 async fn complete_layers_mount_native_trees() -> Result<()> {
-    let tmp = tempfile::tempdir()?;
-    let img = image_with_layers(
-        tmp.path(),
-        &weenv_integration::images::python()?,
-        &[extra_layer()?],
-    )?;
     // The fill is slowed down so that the first container starts before the switch.
     let mut stack = Stack::builder()
         .require(PYTHON_BINS)
         .fill(true)
         .fill_extra("rate_bytes_per_sec = 6000000\nquiet_ms = 0")
         .start()?;
+    let img = image_with_layers(
+        &stack.dir("image")?,
+        &weenv_integration::images::python()?,
+        &[extra_layer()?],
+    )?;
     let weenv = stack.push_converted(&img, "native").await?.weenv;
     let (daemon, ctd) = (&mut stack.daemon, &stack.ctd);
     let ns = "native";
