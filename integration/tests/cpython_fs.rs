@@ -65,12 +65,12 @@ async fn cpython_filesystem_tests_pass_alike_on_weenv_and_overlayfs() -> Result<
         String::from_utf8_lossy(&o.stderr)
     );
     let t = std::time::Instant::now();
-    let want = run_modules(&ctd, "stock", "overlayfs", &weenv, "cpy-ovl", &modules)?;
+    let want = run_modules(ctd, "stock", "overlayfs", &weenv, "cpy-ovl", &modules)?;
     let ovl_secs = t.elapsed().as_secs_f64();
     let rep = daemon.pull(ctd.address(), "lazy", &weenv)?;
     ensure!(rep.contains("3 lazy, 0 applied"), "{rep}");
     let t = std::time::Instant::now();
-    let got = run_modules(&ctd, "lazy", "weenv", &weenv, "cpy-weenv", &modules)?;
+    let got = run_modules(ctd, "lazy", "weenv", &weenv, "cpy-weenv", &modules)?;
     let weenv_secs = t.elapsed().as_secs_f64();
 
     println!("| module | overlayfs | weenv (lazy, FUSE lowers) |");

@@ -212,7 +212,7 @@ async fn same_filesystem_semantics_as_overlayfs() -> Result<()> {
         "stock pull: {}",
         String::from_utf8_lossy(&o.stderr)
     );
-    let (want, _) = check(&ctd, "stock", "overlayfs", &weenv, "fs-overlayfs")?;
+    let (want, _) = check(ctd, "stock", "overlayfs", &weenv, "fs-overlayfs")?;
     ensure!(
         want.contains("readdir-vs-stat mismatches: 0"),
         "overlayfs itself disagrees:\n{want}"
@@ -223,7 +223,7 @@ async fn same_filesystem_semantics_as_overlayfs() -> Result<()> {
     ensure!(rep.contains("5 lazy, 0 applied"), "{rep}");
     let mnt = daemon.root.join("state/mnt").display().to_string();
     let native_root = daemon.root.join("state/cache/native").display().to_string();
-    let mut runs = vec![("cold", check(&ctd, ns, "weenv", &weenv, "fs-cold")?)];
+    let mut runs = vec![("cold", check(ctd, ns, "weenv", &weenv, "fs-cold")?)];
     let (cold_lower, cold_opts) = &runs[0].1 .1;
     ensure!(
         cold_lower.iter().any(|l| l.starts_with(&mnt)),
@@ -233,19 +233,19 @@ async fn same_filesystem_semantics_as_overlayfs() -> Result<()> {
         cold_opts.iter().any(|o| o == "xino=on"),
         "FUSE lowers need xino=on: {cold_opts:?}"
     );
-    runs.push(("mid-fill", check(&ctd, ns, "weenv", &weenv, "fs-mid")?));
+    runs.push(("mid-fill", check(ctd, ns, "weenv", &weenv, "fs-mid")?));
 
     let t = Instant::now();
-    while native_layers(&daemon)? != (5, 5) {
+    while native_layers(daemon)? != (5, 5) {
         ensure!(
             t.elapsed() < Duration::from_secs(240),
             "layers did not become native: {:?}\n{}",
-            native_layers(&daemon)?,
+            native_layers(daemon)?,
             daemon.log()
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    runs.push(("native", check(&ctd, ns, "weenv", &weenv, "fs-native")?));
+    runs.push(("native", check(ctd, ns, "weenv", &weenv, "fs-native")?));
     let native_lower = &runs[2].1 .1 .0;
     ensure!(
         native_lower.iter().all(|l| l.starts_with(&native_root)),

@@ -118,7 +118,7 @@ async fn complete_layers_mount_native_trees() -> Result<()> {
     let ns = "native";
     let rep = daemon.pull(ctd.address(), ns, &weenv)?;
     ensure!(rep.contains("4 lazy, 0 applied"), "{rep}");
-    start_sleeper(&ctd, ns, &weenv, "early")?;
+    start_sleeper(ctd, ns, &weenv, "early")?;
     let early_lower = lowerdirs("early")?;
     let mnt = daemon.root.join("state/mnt");
     let native_root = daemon.root.join("state/cache/native");
@@ -132,7 +132,7 @@ async fn complete_layers_mount_native_trees() -> Result<()> {
 
     let t = Instant::now();
     loop {
-        let (n, native) = native_layers(&daemon)?;
+        let (n, native) = native_layers(daemon)?;
         if n == 4 && native == 4 {
             break;
         }
@@ -146,7 +146,7 @@ async fn complete_layers_mount_native_trees() -> Result<()> {
     println!("all layers native after {:.1} s", t.elapsed().as_secs_f64());
 
     // A new container mounts the native trees.
-    start_sleeper(&ctd, ns, &weenv, "late")?;
+    start_sleeper(ctd, ns, &weenv, "late")?;
     let late_lower = lowerdirs("late")?;
     ensure!(
         late_lower.len() == 4
@@ -158,8 +158,8 @@ async fn complete_layers_mount_native_trees() -> Result<()> {
     ensure!(lowerdirs("early")? == early_lower, "early mount changed");
 
     // Same bytes and metadata through the early container's FUSE lowers and the native trees.
-    let fuse_tree = exec(&ctd, ns, "early", "t1", &["python3", "-c", TREE_SCRIPT])?;
-    let native_tree = exec(&ctd, ns, "late", "t2", &["python3", "-c", TREE_SCRIPT])?;
+    let fuse_tree = exec(ctd, ns, "early", "t1", &["python3", "-c", TREE_SCRIPT])?;
+    let native_tree = exec(ctd, ns, "late", "t2", &["python3", "-c", TREE_SCRIPT])?;
     let (f, n): (Vec<&str>, Vec<&str>) =
         (fuse_tree.lines().collect(), native_tree.lines().collect());
     ensure!(f.len() > 1000, "tree has only {} entries", f.len());
@@ -188,7 +188,7 @@ async fn complete_layers_mount_native_trees() -> Result<()> {
         f.len()
     );
     for id in ["early", "late"] {
-        let out = exec(&ctd, ns, id, &format!("c-{id}"), &["python3", "-c", CHECKS])?;
+        let out = exec(ctd, ns, id, &format!("c-{id}"), &["python3", "-c", CHECKS])?;
         ensure!(
             out.contains("debian_version False")
                 && out.contains("apt ['only-this']")
@@ -214,7 +214,7 @@ async fn complete_layers_mount_native_trees() -> Result<()> {
     let mut out = Err(anyhow::anyhow!("not run"));
     for _ in 0..20 {
         out = ctr_run(
-            &ctd,
+            ctd,
             ns,
             "weenv",
             &weenv,
@@ -228,7 +228,7 @@ async fn complete_layers_mount_native_trees() -> Result<()> {
     }
     let out = out?;
     ensure!(out.contains("apt ['only-this']"), "{out}");
-    ensure!(native_layers(&daemon)? == (4, 4), "after restart");
+    ensure!(native_layers(daemon)? == (4, 4), "after restart");
     let log = daemon.log();
     ensure!(
         log.contains("native tree built") && !log.contains("Failed to send FUSE reply"),

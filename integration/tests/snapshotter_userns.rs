@@ -60,13 +60,13 @@ async fn remapped_container_on_a_lazy_image_sees_its_owners() -> Result<()> {
     let (daemon, ctd) = (&s.daemon, &s.ctd);
 
     // The control: containerd's overlayfs snapshotter, the gzip image (a full pull).
-    let want = stockrun_remapped(&bin, &ctd, "ovl", "overlayfs", &gz)?;
+    let want = stockrun_remapped(&bin, ctd, "ovl", "overlayfs", &gz)?;
     let owners: Vec<&str> = want.lines().collect();
     ensure!(
         owners == ["0:0 /", "0:0 /etc", "0:0 /bin/busybox", "0:0 /new", "0"],
         "overlayfs control: {want}"
     );
-    let got = stockrun_remapped(&bin, &ctd, "lazy", "weenv", &weenv)?;
+    let got = stockrun_remapped(&bin, ctd, "lazy", "weenv", &weenv)?;
     println!("inside the remapped container (weenv, lazy):\n{got}");
     ensure!(
         got == want,
