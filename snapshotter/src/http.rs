@@ -129,10 +129,27 @@ where
         let obs = obs.clone();
         async move { Ok::<_, Infallible>(answer(req, obs).await) }
     });
+    serve_http1(s, svc).await;
+}
+
+/// How long a client may take to send a request head.
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Serve the HTTP/1.1 requests of one connection with `svc` (keep-alive; each request head
+/// must arrive within 30 s). The one way the daemon's HTTP endpoints (this one, the peer
+/// endpoint `peer::serve` and the plan endpoint `plans::serve`) run hyper.
+pub(crate) async fn serve_http1<I, S, B>(io: I, svc: S)
+where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    S: hyper::service::HttpService<hyper::body::Incoming, ResBody = B>,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    B: hyper::body::Body + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     let _ = hyper::server::conn::http1::Builder::new()
         .timer(hyper_util::rt::TokioTimer::new())
-        .header_read_timeout(Duration::from_secs(30))
-        .serve_connection(hyper_util::rt::TokioIo::new(s), svc)
+        .header_read_timeout(HEADER_READ_TIMEOUT)
+        .serve_connection(hyper_util::rt::TokioIo::new(io), svc)
         .await;
 }
 
