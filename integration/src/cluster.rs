@@ -488,33 +488,30 @@ impl Cluster {
         let root = self.tmp.path().join(format!("n{index}"));
         std::fs::create_dir_all(&root)?;
         let socket = root.join("snap.sock");
-        let mut list: Vec<String> = members
-            .iter()
-            .map(|m| format!("\"10.77.0.{}:{PEER_PORT}\"", 10 + m))
-            .collect();
-        list.extend(extra.iter().map(|e| format!("{e:?}")));
-        let peers = if self.opts.peers {
-            format!(
-                "[peers]\nlisten = \"{addr}:{PEER_PORT}\"\nmembers = [{}]\nhedge_ms = {}\n",
-                list.join(", "),
-                self.opts.hedge_ms
-            )
-        } else {
-            String::new()
-        };
-        let cfg = format!(
-            "version = 1\nroot_dir = {state:?}\nsocket = {sock:?}\nlog_level = \"info,weenv_snapshotter=debug\"\n\
-             [registry]\nplain_http = [\"{REGISTRY}\"]\nhosts_dir = {hd:?}\n\
-             [cache]\nmemory_bytes = 67108864\ndisk_bytes = 4294967296\n\
-             [fill]\nenabled = {fill}\n[fuse]\nhandover = false\n[observability]\nlisten = \"unix:{obs}\"\n{peers}",
-            state = root.join("state").display().to_string(),
-            sock = socket.display().to_string(),
-            hd = root.join("certs.d").display().to_string(),
-            fill = self.opts.fill,
-            obs = root.join("obs.sock").display(),
-        );
+        let mut cfg = crate::daemon::test_config(
+            &root,
+            &crate::daemon::DaemonOptions {
+                plain_http: vec![REGISTRY.to_string()],
+                fill: self.opts.fill,
+                fill_extra: String::new(),
+            },
+            &format!("unix:{}", root.join("obs.sock").display()),
+        )?;
+        // Nodes read no containerd content store (the default socket path, not a test link).
+        cfg.registry.containerd_socket = weenv_snapshotter_api::config::Config::default()
+            .registry
+            .containerd_socket;
+        if self.opts.peers {
+            cfg.peers.listen = format!("{addr}:{PEER_PORT}");
+            cfg.peers.members = members
+                .iter()
+                .map(|m| format!("10.77.0.{}:{PEER_PORT}", 10 + m))
+                .chain(extra.iter().cloned())
+                .collect();
+            cfg.peers.hedge_ms = self.opts.hedge_ms;
+        }
         let config = root.join("config.toml");
-        std::fs::write(&config, cfg)?;
+        std::fs::write(&config, crate::daemon::config_text(&cfg)?)?;
         let log = std::fs::File::create(root.join("daemon.log"))?;
         let child = in_netns(&ns, workspace_bin("weenv-snapshotter")?)
             .arg("--config")

@@ -5,6 +5,10 @@
 //! - [`registry`]: a private `docker-registry` (and a counting proxy).
 //! - [`images`]: test images built offline (busybox-static, Debian via debootstrap).
 //! - [`containerd`]: a private containerd with the weenv proxy snapshotter and shim.
+//! - [`daemon`]: a `weenv-snapshotter` under a temp root, its config typed (the daemon's own
+//!   `Config`), restartable; the `weenv` CLI against it.
+//! - [`stack`]: registry + daemon + containerd in one builder ([`stack::Stack`]).
+//! - [`convert`]: the registry client and converter as the tests call them.
 //! - [`cri`]: containerd's CRI plugin settings and a CRI client (the kubelet's calls).
 //! - [`gotools`]: containerd 2.x, runc, nerdctl, crictl, critest and CNI plugins built by
 //!   `scripts/go-tools.sh`.
@@ -19,13 +23,16 @@
 pub mod clients;
 pub mod cluster;
 pub mod containerd;
+pub mod convert;
 pub mod cri;
 pub mod critest;
+pub mod daemon;
 pub mod debian_go;
 pub mod gotools;
 pub mod images;
 pub mod registry;
 pub mod snapconform;
+pub mod stack;
 pub mod stockrun;
 pub mod untrusted_resources;
 pub mod untrusted_tocbind;

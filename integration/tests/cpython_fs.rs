@@ -12,6 +12,7 @@ mod snapshotter_common;
 use anyhow::{bail, ensure, Result};
 use snapshotter_common::*;
 use weenv_integration::containerd::Containerd;
+use weenv_integration::stack::Stack;
 
 const RUNNER: &str = include_str!("../fscheck/cpython_tests.py");
 
@@ -47,16 +48,15 @@ fn split(line: &str) -> (&str, &str) {
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs root, containerd, runc, fuse, docker-registry, skopeo, debootstrap"]
 async fn cpython_filesystem_tests_pass_alike_on_weenv_and_overlayfs() -> Result<()> {
-    weenv_integration::util::require_root_and_bins(PYTHON_BINS)?;
     let modules_env = std::env::var("CPYTHON_TESTS").unwrap_or_else(|_| CI_MODULES.into());
     let modules: Vec<&str> = modules_env.split_whitespace().collect();
-    let tmp = tempfile::tempdir()?;
+    let stack = Stack::builder()
+        .require(PYTHON_BINS)
+        .use_containerd()
+        .start()?;
     let img = weenv_integration::images::python_testsuite()?;
-    let reg = weenv_integration::registry::LocalRegistry::start(tmp.path())?;
-    let gz = reg.push(&img, "cpython:gz")?;
-    let weenv = format!("{}/cpython:weenv", reg.host());
-    convert(&client(&[reg.host()])?, &gz, &weenv).await?;
-    let (daemon, ctd) = lazy_stack(&tmp.path().join("snap"), &reg.host())?;
+    let weenv = stack.push_converted(&img, "cpython").await?.weenv;
+    let (daemon, ctd) = (&stack.daemon, &stack.ctd);
 
     let o = ctd.ctr_ns("stock", &["images", "pull", "--plain-http", &weenv])?;
     ensure!(
@@ -65,12 +65,12 @@ async fn cpython_filesystem_tests_pass_alike_on_weenv_and_overlayfs() -> Result<
         String::from_utf8_lossy(&o.stderr)
     );
     let t = std::time::Instant::now();
-    let want = run_modules(&ctd, "stock", "overlayfs", &weenv, "cpy-ovl", &modules)?;
+    let want = run_modules(ctd, "stock", "overlayfs", &weenv, "cpy-ovl", &modules)?;
     let ovl_secs = t.elapsed().as_secs_f64();
     let rep = daemon.pull(ctd.address(), "lazy", &weenv)?;
     ensure!(rep.contains("3 lazy, 0 applied"), "{rep}");
     let t = std::time::Instant::now();
-    let got = run_modules(&ctd, "lazy", "weenv", &weenv, "cpy-weenv", &modules)?;
+    let got = run_modules(ctd, "lazy", "weenv", &weenv, "cpy-weenv", &modules)?;
     let weenv_secs = t.elapsed().as_secs_f64();
 
     println!("| module | overlayfs | weenv (lazy, FUSE lowers) |");

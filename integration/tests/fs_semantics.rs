@@ -21,7 +21,8 @@ use anyhow::{bail, ensure, Result};
 use snapshotter_common::*;
 use std::time::{Duration, Instant};
 use weenv_format::testdata::noise;
-use weenv_integration::containerd::{Containerd, ContainerdOptions};
+use weenv_integration::containerd::Containerd;
+use weenv_integration::stack::Stack;
 
 const FSCHECK: &str = include_str!("../fscheck/fscheck.py");
 
@@ -190,31 +191,19 @@ fn differences(want: &str, got: &str) -> Vec<String> {
 async fn same_filesystem_semantics_as_overlayfs() -> Result<()> {
     let mut bins = PYTHON_BINS.to_vec();
     bins.push("umoci");
-    weenv_integration::util::require_root_and_bins(&bins)?;
-    let tmp = tempfile::tempdir()?;
+    // The fill is slowed down: the cold container starts on FUSE lowers only.
+    let stack = Stack::builder()
+        .require(&bins)
+        .fill(true)
+        .fill_extra("rate_bytes_per_sec = 4000000\nquiet_ms = 0")
+        .start()?;
     let img = image_with_layers(
-        tmp.path(),
+        &stack.dir("image")?,
         &weenv_integration::images::python()?,
         &[plain_fixture()?, xattr_fixture()?],
     )?;
-    let reg = weenv_integration::registry::LocalRegistry::start(tmp.path())?;
-    let gz = reg.push(&img, "fscheck:gz")?;
-    let weenv = format!("{}/fscheck:weenv", reg.host());
-    convert(&client(&[reg.host()])?, &gz, &weenv).await?;
-
-    // The fill is slowed down: the cold container starts on FUSE lowers only.
-    let daemon = Daemon::start(
-        &tmp.path().join("snap"),
-        &DaemonOptions {
-            plain_http: vec![reg.host()],
-            fill: true,
-            fill_extra: "rate_bytes_per_sec = 4000000\nquiet_ms = 0".into(),
-        },
-    )?;
-    let ctd = Containerd::start(ContainerdOptions {
-        proxy_snapshotter: Some(daemon.socket.clone()),
-        ..Default::default()
-    })?;
+    let weenv = stack.push_converted(&img, "fscheck").await?.weenv;
+    let (daemon, ctd) = (&stack.daemon, &stack.ctd);
 
     // The reference: containerd's own overlayfs snapshotter, same image.
     let o = ctd.ctr_ns("stock", &["images", "pull", "--plain-http", &weenv])?;
@@ -223,7 +212,7 @@ async fn same_filesystem_semantics_as_overlayfs() -> Result<()> {
         "stock pull: {}",
         String::from_utf8_lossy(&o.stderr)
     );
-    let (want, _) = check(&ctd, "stock", "overlayfs", &weenv, "fs-overlayfs")?;
+    let (want, _) = check(ctd, "stock", "overlayfs", &weenv, "fs-overlayfs")?;
     ensure!(
         want.contains("readdir-vs-stat mismatches: 0"),
         "overlayfs itself disagrees:\n{want}"
@@ -234,7 +223,7 @@ async fn same_filesystem_semantics_as_overlayfs() -> Result<()> {
     ensure!(rep.contains("5 lazy, 0 applied"), "{rep}");
     let mnt = daemon.root.join("state/mnt").display().to_string();
     let native_root = daemon.root.join("state/cache/native").display().to_string();
-    let mut runs = vec![("cold", check(&ctd, ns, "weenv", &weenv, "fs-cold")?)];
+    let mut runs = vec![("cold", check(ctd, ns, "weenv", &weenv, "fs-cold")?)];
     let (cold_lower, cold_opts) = &runs[0].1 .1;
     ensure!(
         cold_lower.iter().any(|l| l.starts_with(&mnt)),
@@ -244,19 +233,19 @@ async fn same_filesystem_semantics_as_overlayfs() -> Result<()> {
         cold_opts.iter().any(|o| o == "xino=on"),
         "FUSE lowers need xino=on: {cold_opts:?}"
     );
-    runs.push(("mid-fill", check(&ctd, ns, "weenv", &weenv, "fs-mid")?));
+    runs.push(("mid-fill", check(ctd, ns, "weenv", &weenv, "fs-mid")?));
 
     let t = Instant::now();
-    while native_layers(&daemon)? != (5, 5) {
+    while native_layers(daemon)? != (5, 5) {
         ensure!(
             t.elapsed() < Duration::from_secs(240),
             "layers did not become native: {:?}\n{}",
-            native_layers(&daemon)?,
+            native_layers(daemon)?,
             daemon.log()
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    runs.push(("native", check(&ctd, ns, "weenv", &weenv, "fs-native")?));
+    runs.push(("native", check(ctd, ns, "weenv", &weenv, "fs-native")?));
     let native_lower = &runs[2].1 .1 .0;
     ensure!(
         native_lower.iter().all(|l| l.starts_with(&native_root)),

@@ -223,7 +223,7 @@ fn hosts_dir(dir: &Path, registry: &str, plans: &str) -> Result<std::path::PathB
 }
 
 fn daemon(e: &Env, plans: &str) -> Result<Daemon> {
-    Daemon::start_with_extra(
+    Daemon::start_with(
         &e.tmp.path().join("snap"),
         &DaemonOptions {
             plain_http: vec![e.host.clone()],
@@ -231,7 +231,7 @@ fn daemon(e: &Env, plans: &str) -> Result<Daemon> {
             fill_extra: String::new(),
         },
         &[],
-        &format!("[plans]\nlisten = {plans:?}\n"),
+        |c| c.plans.listen = plans.to_string(),
     )
 }
 

@@ -10,69 +10,44 @@
 //! - non-weenv image through `weenv pull` (fallback: fetch + Diff.Apply + Commit);
 //! - registry settings from a containerd-style `hosts.toml` directory (ctr-remote test).
 
-mod snapshotter_common;
-
 use anyhow::{ensure, Result};
-use snapshotter_common::*;
-use weenv_integration::containerd::{Containerd, ContainerdOptions};
 use weenv_integration::images;
-use weenv_integration::registry::{CountingProxy, LocalRegistry};
-use weenv_integration::util::{require_root_and_bins, which, E2E_FUSE_BINS};
+use weenv_integration::registry::CountingProxy;
+use weenv_integration::stack::Stack;
+use weenv_integration::util::which;
 
 struct Env {
-    // Drop order matters: containerd (and its containers) before the snapshotter.
-    ctd: Containerd,
-    daemon: Daemon,
-    proxy: CountingProxy,
-    _reg: LocalRegistry,
-    _tmp: tempfile::TempDir,
+    s: Stack,
     gz: String,
     weenv: String,
+}
+
+impl std::ops::Deref for Env {
+    type Target = Stack;
+    fn deref(&self) -> &Stack {
+        &self.s
+    }
+}
+
+impl std::ops::DerefMut for Env {
+    fn deref_mut(&mut self) -> &mut Stack {
+        &mut self.s
+    }
 }
 
 /// `via_hosts_toml`: the daemon learns that the registry speaks plain HTTP from a
 /// containerd-style `hosts.toml` (`server = "http://..."`) instead of `registry.plain_http`.
 async fn setup(fill: bool, via_hosts_toml: bool) -> Result<Env> {
-    require_root_and_bins(E2E_FUSE_BINS)?;
-    let tmp = tempfile::tempdir()?;
-    let reg = LocalRegistry::start(tmp.path())?;
-    let proxy = CountingProxy::start(reg.addr())?;
-    let host = proxy.host();
-    let img = images::busybox()?;
-    let gz = format!("{host}/busybox:gz");
-    images::push_oci_layout(&img, &gz)?;
-    let weenv = format!("{host}/busybox:weenv");
-    convert(&client(std::slice::from_ref(&host))?, &gz, &weenv).await?;
-    let hosts_toml = if via_hosts_toml {
-        vec![(host.clone(), format!("server = \"http://{host}\"\n"))]
-    } else {
-        Vec::new()
-    };
-    let daemon = Daemon::start_with_hosts_toml(
-        &tmp.path().join("snap"),
-        &DaemonOptions {
-            plain_http: if via_hosts_toml {
-                Vec::new()
-            } else {
-                vec![host.clone()]
-            },
-            fill,
-            fill_extra: String::new(),
-        },
-        &hosts_toml,
-    )?;
-    let ctd = Containerd::start(ContainerdOptions {
-        proxy_snapshotter: Some(daemon.socket.clone()),
-        ..Default::default()
-    })?;
+    let mut b = Stack::builder().proxy().fill(fill);
+    if via_hosts_toml {
+        b = b.via_hosts_toml();
+    }
+    let s = b.start()?;
+    let img = s.push_converted(&images::busybox()?, "busybox").await?;
     Ok(Env {
-        ctd,
-        daemon,
-        proxy,
-        _reg: reg,
-        _tmp: tmp,
-        gz,
-        weenv,
+        s,
+        gz: img.gz,
+        weenv: img.weenv,
     })
 }
 
@@ -133,7 +108,7 @@ async fn ordinary_path_with_plain_gzip_image() -> Result<()> {
 #[ignore = "needs root, containerd, runc, fuse, docker-registry, skopeo, umoci"]
 async fn lazy_pull_run_writes_and_restart() -> Result<()> {
     let mut e = setup(false, false).await?;
-    e.proxy.stats().clear();
+    e.counting_proxy()?.stats().clear();
     let rep = e.daemon.pull(e.ctd.address(), "lazy", &e.weenv)?;
     ensure!(rep.contains("1 lazy, 0 applied"), "{rep}");
     // No layer blob in containerd's content store: only manifest and config.
@@ -141,7 +116,7 @@ async fn lazy_pull_run_writes_and_restart() -> Result<()> {
     let n = String::from_utf8_lossy(&content.stdout).lines().count();
     ensure!(n == 2, "content store holds {n} blobs");
     // Mounting fetched no file content: HEAD + TOC read only (well under the layer size).
-    let after_pull = blob_bytes(&e.proxy);
+    let after_pull = blob_bytes(e.counting_proxy()?);
     ensure!(
         after_pull < 200 << 10,
         "pull fetched {after_pull} blob bytes"
@@ -211,7 +186,7 @@ async fn lazy_pull_run_writes_and_restart() -> Result<()> {
 
     // Restart: a new container from the same image, no blob bytes for cached chunks.
     e.daemon.restart()?;
-    e.proxy.stats().clear();
+    e.counting_proxy()?.stats().clear();
     let mut out = Err(anyhow::anyhow!("not run"));
     // containerd's connection to the proxy plugin may be in backoff for a moment.
     for _ in 0..20 {
@@ -230,9 +205,9 @@ async fn lazy_pull_run_writes_and_restart() -> Result<()> {
     let out = out?;
     ensure!(out.contains(&host_md5), "{out}");
     ensure!(
-        blob_bytes(&e.proxy) == 0,
+        blob_bytes(e.counting_proxy()?) == 0,
         "registry blob access after restart: {:#?}",
-        e.proxy.stats().requests()
+        e.counting_proxy()?.stats().requests()
     );
     ensure!(e.daemon.log().contains("remounted=1"), "{}", e.daemon.log());
 

@@ -17,7 +17,7 @@ mod snapshotter_common;
 use anyhow::{bail, ensure, Result};
 use snapshotter_common::*;
 use std::time::{Duration, Instant};
-use weenv_integration::containerd::{Containerd, ContainerdOptions};
+use weenv_integration::stack::Stack;
 
 /// The fourth layer: whiteout, opaque dir and the entry kinds the conformance check covers.
 fn extra_layer() -> Result<Vec<u8>> {
@@ -102,36 +102,23 @@ const CHECKS: &str = "import os; print('debian_version', os.path.exists('/etc/de
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs root, containerd, runc, fuse, docker-registry, skopeo, umoci, debootstrap"]
 async fn complete_layers_mount_native_trees() -> Result<()> {
-    weenv_integration::util::require_root_and_bins(PYTHON_BINS)?;
-    let tmp = tempfile::tempdir()?;
+    // The fill is slowed down so that the first container starts before the switch.
+    let mut stack = Stack::builder()
+        .require(PYTHON_BINS)
+        .fill(true)
+        .fill_extra("rate_bytes_per_sec = 6000000\nquiet_ms = 0")
+        .start()?;
     let img = image_with_layers(
-        tmp.path(),
+        &stack.dir("image")?,
         &weenv_integration::images::python()?,
         &[extra_layer()?],
     )?;
-    let reg = weenv_integration::registry::LocalRegistry::start(tmp.path())?;
-    let gz = reg.push(&img, "native:gz")?;
-    let weenv = format!("{}/native:weenv", reg.host());
-    let c = client(&[reg.host()])?;
-    convert(&c, &gz, &weenv).await?;
-
-    // The fill is slowed down so that the first container starts before the switch.
-    let mut daemon = Daemon::start(
-        &tmp.path().join("snap"),
-        &DaemonOptions {
-            plain_http: vec![reg.host()],
-            fill: true,
-            fill_extra: "rate_bytes_per_sec = 6000000\nquiet_ms = 0".into(),
-        },
-    )?;
-    let ctd = Containerd::start(ContainerdOptions {
-        proxy_snapshotter: Some(daemon.socket.clone()),
-        ..Default::default()
-    })?;
+    let weenv = stack.push_converted(&img, "native").await?.weenv;
+    let (daemon, ctd) = (&mut stack.daemon, &stack.ctd);
     let ns = "native";
     let rep = daemon.pull(ctd.address(), ns, &weenv)?;
     ensure!(rep.contains("4 lazy, 0 applied"), "{rep}");
-    start_sleeper(&ctd, ns, &weenv, "early")?;
+    start_sleeper(ctd, ns, &weenv, "early")?;
     let early_lower = lowerdirs("early")?;
     let mnt = daemon.root.join("state/mnt");
     let native_root = daemon.root.join("state/cache/native");
@@ -145,7 +132,7 @@ async fn complete_layers_mount_native_trees() -> Result<()> {
 
     let t = Instant::now();
     loop {
-        let (n, native) = native_layers(&daemon)?;
+        let (n, native) = native_layers(daemon)?;
         if n == 4 && native == 4 {
             break;
         }
@@ -159,7 +146,7 @@ async fn complete_layers_mount_native_trees() -> Result<()> {
     println!("all layers native after {:.1} s", t.elapsed().as_secs_f64());
 
     // A new container mounts the native trees.
-    start_sleeper(&ctd, ns, &weenv, "late")?;
+    start_sleeper(ctd, ns, &weenv, "late")?;
     let late_lower = lowerdirs("late")?;
     ensure!(
         late_lower.len() == 4
@@ -171,8 +158,8 @@ async fn complete_layers_mount_native_trees() -> Result<()> {
     ensure!(lowerdirs("early")? == early_lower, "early mount changed");
 
     // Same bytes and metadata through the early container's FUSE lowers and the native trees.
-    let fuse_tree = exec(&ctd, ns, "early", "t1", &["python3", "-c", TREE_SCRIPT])?;
-    let native_tree = exec(&ctd, ns, "late", "t2", &["python3", "-c", TREE_SCRIPT])?;
+    let fuse_tree = exec(ctd, ns, "early", "t1", &["python3", "-c", TREE_SCRIPT])?;
+    let native_tree = exec(ctd, ns, "late", "t2", &["python3", "-c", TREE_SCRIPT])?;
     let (f, n): (Vec<&str>, Vec<&str>) =
         (fuse_tree.lines().collect(), native_tree.lines().collect());
     ensure!(f.len() > 1000, "tree has only {} entries", f.len());
@@ -201,7 +188,7 @@ async fn complete_layers_mount_native_trees() -> Result<()> {
         f.len()
     );
     for id in ["early", "late"] {
-        let out = exec(&ctd, ns, id, &format!("c-{id}"), &["python3", "-c", CHECKS])?;
+        let out = exec(ctd, ns, id, &format!("c-{id}"), &["python3", "-c", CHECKS])?;
         ensure!(
             out.contains("debian_version False")
                 && out.contains("apt ['only-this']")
@@ -227,7 +214,7 @@ async fn complete_layers_mount_native_trees() -> Result<()> {
     let mut out = Err(anyhow::anyhow!("not run"));
     for _ in 0..20 {
         out = ctr_run(
-            &ctd,
+            ctd,
             ns,
             "weenv",
             &weenv,
@@ -241,7 +228,7 @@ async fn complete_layers_mount_native_trees() -> Result<()> {
     }
     let out = out?;
     ensure!(out.contains("apt ['only-this']"), "{out}");
-    ensure!(native_layers(&daemon)? == (4, 4), "after restart");
+    ensure!(native_layers(daemon)? == (4, 4), "after restart");
     let log = daemon.log();
     ensure!(
         log.contains("native tree built") && !log.contains("Failed to send FUSE reply"),

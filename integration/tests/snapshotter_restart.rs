@@ -238,12 +238,11 @@ async fn restart_scenario(plain: bool) -> Result<()> {
     let root = pi.tmp.path().join("snap");
     let _keeper = KeeperGuard(root.join("state/fuse-keeper.sock"));
     let _plain_keeper = KeeperGuard(root.join("state/fuse-keeper-plain.sock"));
-    let mut daemon = Daemon::start_with_extra(
-        &root,
-        &pi.daemon_options(),
-        &[],
-        &format!("[fuse]\nhandover = true\nkeeper_timeout_secs = 120\nplain_session = {plain}\n"),
-    )?;
+    let mut daemon = Daemon::start_with(&root, &pi.daemon_options(), &[], |c| {
+        c.fuse.handover = true;
+        c.fuse.keeper_timeout_secs = 120;
+        c.fuse.plain_session = plain;
+    })?;
     let ctd = Containerd::start(ContainerdOptions {
         proxy_snapshotter: Some(daemon.socket.clone()),
         ..Default::default()

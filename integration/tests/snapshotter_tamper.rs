@@ -2,26 +2,20 @@
 //! daemon counts a verification failure; after the blob is repaired the next read works
 //! (nothing bad was cached). Background fill is off so the bad frame is fetched on demand.
 
-mod snapshotter_common;
-
 use anyhow::{ensure, Context, Result};
-use snapshotter_common::*;
 use std::os::unix::fs::FileExt;
-use weenv_integration::containerd::{Containerd, ContainerdOptions};
 use weenv_integration::images;
-use weenv_integration::registry::LocalRegistry;
-use weenv_integration::util::{require_root_and_bins, E2E_FUSE_BINS};
+use weenv_integration::stack::Stack;
 
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs root, containerd, runc, fuse, docker-registry, skopeo, umoci"]
 async fn tampered_frame_is_never_served() -> Result<()> {
-    require_root_and_bins(E2E_FUSE_BINS)?;
-    let tmp = tempfile::tempdir()?;
-    let reg = LocalRegistry::start(tmp.path())?;
-    let host = reg.host();
-    let gz = reg.push(&images::busybox()?, "busybox:gz")?;
-    let weenv = format!("{host}/busybox:weenv");
-    let rep = convert(&client(std::slice::from_ref(&host))?, &gz, &weenv).await?;
+    let stack = Stack::builder()
+        .fill_extra(&std::env::var("WEENV_TEST_FILL_EXTRA").unwrap_or_default())
+        .start()?;
+    let (reg, daemon, ctd) = (&stack.reg, &stack.daemon, &stack.ctd);
+    let image = stack.push_converted(&images::busybox()?, "busybox").await?;
+    let (weenv, rep) = (image.weenv, image.report);
     let layer = rep.manifests[0].layers[0].clone();
     let digest = layer.digest.clone();
     let hex = digest.trim_start_matches("sha256:");
@@ -45,18 +39,6 @@ async fn tampered_frame_is_never_served() -> Result<()> {
     f.write_all_at(&[orig[0] ^ 0xff], at)?;
     f.sync_all()?;
 
-    let daemon = Daemon::start(
-        &tmp.path().join("snap"),
-        &DaemonOptions {
-            plain_http: vec![host.clone()],
-            fill: false,
-            fill_extra: std::env::var("WEENV_TEST_FILL_EXTRA").unwrap_or_default(),
-        },
-    )?;
-    let ctd = Containerd::start(ContainerdOptions {
-        proxy_snapshotter: Some(daemon.socket.clone()),
-        ..Default::default()
-    })?;
     daemon.pull(ctd.address(), "t", &weenv)?;
     let run = |id: &str| {
         ctd.ctr_ns(

@@ -9,14 +9,10 @@
 //! parent's root, which containerd chowned to N (without that it shows as 65534, "nobody",
 //! and is not the container's root's to write).
 
-mod snapshotter_common;
-
 use anyhow::{ensure, Context, Result};
-use snapshotter_common::*;
 use std::process::Command;
-use weenv_integration::containerd::{Containerd, ContainerdOptions};
-use weenv_integration::registry::{CountingProxy, LocalRegistry};
-use weenv_integration::util::{require_root_and_bins, E2E_FUSE_BINS};
+use weenv_integration::containerd::Containerd;
+use weenv_integration::stack::Stack;
 use weenv_integration::{images, stockrun};
 
 /// Host uid/gid that container root maps to.
@@ -57,39 +53,20 @@ fn stockrun_remapped(
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs root, containerd, runc, fuse, docker-registry, skopeo, umoci, go + golang-github-containerd-containerd-dev"]
 async fn remapped_container_on_a_lazy_image_sees_its_owners() -> Result<()> {
-    require_root_and_bins(E2E_FUSE_BINS)?;
-    let tmp = tempfile::tempdir()?;
-    let bin = stockrun::build(&tmp.path().join("go"))?;
-    let reg = LocalRegistry::start(tmp.path())?;
-    let proxy = CountingProxy::start(reg.addr())?;
-    let host = proxy.host();
-    let gz = format!("{host}/busybox:gz");
-    images::push_oci_layout(&images::busybox()?, &gz)?;
-    let weenv = format!("{host}/busybox:weenv");
-    convert(&client(std::slice::from_ref(&host))?, &gz, &weenv).await?;
-
-    let daemon = Daemon::start(
-        &tmp.path().join("snap"),
-        &DaemonOptions {
-            plain_http: vec![host.clone()],
-            fill: false,
-            fill_extra: String::new(),
-        },
-    )?;
-    let ctd = Containerd::start(ContainerdOptions {
-        proxy_snapshotter: Some(daemon.socket.clone()),
-        ..Default::default()
-    })?;
-    daemon.use_containerd(&ctd)?;
+    let s = Stack::builder().proxy().use_containerd().start()?;
+    let bin = stockrun::build(&s.root().join("go"))?;
+    let img = s.push_converted(&images::busybox()?, "busybox").await?;
+    let (gz, weenv) = (img.gz, img.weenv);
+    let (daemon, ctd) = (&s.daemon, &s.ctd);
 
     // The control: containerd's overlayfs snapshotter, the gzip image (a full pull).
-    let want = stockrun_remapped(&bin, &ctd, "ovl", "overlayfs", &gz)?;
+    let want = stockrun_remapped(&bin, ctd, "ovl", "overlayfs", &gz)?;
     let owners: Vec<&str> = want.lines().collect();
     ensure!(
         owners == ["0:0 /", "0:0 /etc", "0:0 /bin/busybox", "0:0 /new", "0"],
         "overlayfs control: {want}"
     );
-    let got = stockrun_remapped(&bin, &ctd, "lazy", "weenv", &weenv)?;
+    let got = stockrun_remapped(&bin, ctd, "lazy", "weenv", &weenv)?;
     println!("inside the remapped container (weenv, lazy):\n{got}");
     ensure!(
         got == want,
@@ -102,7 +79,6 @@ async fn remapped_container_on_a_lazy_image_sees_its_owners() -> Result<()> {
         "the image was not pulled lazily ({remote} remote snapshots)\n{}",
         daemon.log()
     );
-    drop(ctd);
-    drop(daemon);
+    drop(s);
     Ok(())
 }

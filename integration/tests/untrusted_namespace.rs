@@ -32,6 +32,7 @@ use untrusted_common::*;
 use weenv_integration::containerd::{Containerd, ContainerdOptions};
 use weenv_integration::cri::{api, Cri, CriOptions};
 use weenv_integration::stockrun;
+use weenv_snapshotter_api::config::TrustSection;
 
 const QUARANTINED: &str = "QUARANTINED (reads fail with EIO): diff_id mismatch";
 
@@ -62,10 +63,15 @@ fn stockrun_cat(bin: &std::path::Path, ctd: &Containerd, ns: &str, image: &str) 
         .context("running stockrun")
 }
 
-/// A daemon (background fill off unless `fill`, `trust` appended as the `[trust]` section)
-/// and a containerd using it, with the daemon reading that containerd's content store.
-fn stack(g: &Good, name: &str, fill: bool, trust: &str) -> Result<(Daemon, Containerd)> {
-    let daemon = Daemon::start_with_extra(
+/// A daemon (background fill off unless `fill`, `[trust]` set by `trust`) and a containerd
+/// using it, with the daemon reading that containerd's content store.
+fn stack(
+    g: &Good,
+    name: &str,
+    fill: bool,
+    trust: impl FnOnce(&mut TrustSection),
+) -> Result<(Daemon, Containerd)> {
+    let daemon = Daemon::start_with(
         &g.tmp.path().join(name),
         &DaemonOptions {
             plain_http: vec![g.host.clone()],
@@ -73,7 +79,7 @@ fn stack(g: &Good, name: &str, fill: bool, trust: &str) -> Result<(Daemon, Conta
             fill_extra: "quiet_ms = 0".into(),
         },
         &[],
-        &format!("[trust]\n{trust}\n"),
+        |c| trust(&mut c.trust),
     )?;
     let ctd = Containerd::start(ContainerdOptions {
         proxy_snapshotter: Some(daemon.socket.clone()),
@@ -149,7 +155,7 @@ async fn go_client_unpack_of_a_contested_chain_fails_loudly() -> Result<()> {
 
     // Without the gate: the attack as issue 24 found it.
     {
-        let (daemon, ctd) = stack(&g, "open", false, "check_contested = false")?;
+        let (daemon, ctd) = stack(&g, "open", false, |t| t.check_contested = false)?;
         let o = stockrun_cat(&bin, &ctd, "default", &evil)?;
         ensure!(text(&o).contains(EVIL_TEXT), "EVIL's own run: {}", text(&o));
         let o = stockrun_cat(&bin, &ctd, "default", &g.good)?;
@@ -163,7 +169,7 @@ async fn go_client_unpack_of_a_contested_chain_fails_loudly() -> Result<()> {
     }
 
     // With the gate (the default).
-    let (daemon, ctd) = stack(&g, "gated", false, "")?;
+    let (daemon, ctd) = stack(&g, "gated", false, |_| {})?;
     let o = stockrun_cat(&bin, &ctd, "default", &evil)?;
     ensure!(text(&o).contains(EVIL_TEXT), "EVIL's own run: {}", text(&o));
     ensure!(daemon.metric("weenv_remote_prepares_total{outcome=\"remote\"}")? >= 1);
@@ -201,7 +207,7 @@ async fn go_client_unpack_of_a_contested_chain_fails_loudly() -> Result<()> {
     drop(daemon);
 
     // The window without a contest: EVIL's commit -> quarantine by the background fill.
-    let (daemon, ctd) = stack(&g, "fill", true, "")?;
+    let (daemon, ctd) = stack(&g, "fill", true, |_| {})?;
     let t0 = Instant::now();
     let o = stockrun_cat(&bin, &ctd, "default", &evil)?;
     let pulled = t0.elapsed().as_secs_f64();
@@ -229,7 +235,7 @@ async fn go_client_unpack_of_a_contested_chain_fails_loudly() -> Result<()> {
     drop(daemon);
 
     // The same with trust.verify_on_commit: the layer is verified right after its commit.
-    let (daemon, ctd) = stack(&g, "eager", false, "verify_on_commit = true")?;
+    let (daemon, ctd) = stack(&g, "eager", false, |t| t.verify_on_commit = true)?;
     let t0 = Instant::now();
     let o = stockrun_cat(&bin, &ctd, "default", &evil)?;
     println!("EVIL's run with verify_on_commit: {}", text(&o).trim());
@@ -276,7 +282,7 @@ async fn cri_pull_of_a_contested_chain_fails_loudly_in_k8s_io() -> Result<()> {
     let evil = format!("{}/app:evil", g.host);
     let evil_layer = push_evil(&g.cl, &g.img, &g.good, &evil).await?;
     for gated in [false, true] {
-        let daemon = Daemon::start_with_extra(
+        let daemon = Daemon::start_with(
             &g.tmp.path().join(format!("cri-{gated}")),
             &DaemonOptions {
                 plain_http: vec![g.host.clone()],
@@ -284,7 +290,7 @@ async fn cri_pull_of_a_contested_chain_fails_loudly_in_k8s_io() -> Result<()> {
                 fill_extra: String::new(),
             },
             &[],
-            &format!("[trust]\ncheck_contested = {gated}\n"),
+            |c| c.trust.check_contested = gated,
         )?;
         let ctd = Containerd::start(ContainerdOptions {
             proxy_snapshotter: Some(daemon.socket.clone()),
@@ -348,12 +354,9 @@ async fn lazy_sources_keep_untrusted_repositories_on_the_verified_path() -> Resu
     let bin = stockrun::build(&g.tmp.path().join("go"))?;
     let evil = format!("{}/tenant/evil:1", g.host);
     push_evil(&g.cl, &g.img, &g.good, &evil).await?;
-    let (daemon, ctd) = stack(
-        &g,
-        "policy",
-        false,
-        &format!("lazy_sources = [\"{}/app\"]", g.host),
-    )?;
+    let (daemon, ctd) = stack(&g, "policy", false, |t| {
+        t.lazy_sources = vec![format!("{}/app", g.host)]
+    })?;
     let o = stockrun_cat(&bin, &ctd, "default", &evil)?;
     ensure!(
         !o.status.success() && text(&o).contains("wrong diff id"),

@@ -162,23 +162,20 @@ fn daemon_and_containerd(
     (fill, fill_extra): (bool, &str),
     disk_bytes: Option<u64>,
 ) -> Result<(Daemon, Containerd)> {
-    let mut daemon = Daemon::start(
+    let daemon = Daemon::start_with(
         root,
         &DaemonOptions {
             plain_http: vec![host.to_string()],
             fill,
             fill_extra: fill_extra.into(),
         },
+        &[],
+        |c| {
+            if let Some(cap) = disk_bytes {
+                c.cache.disk_bytes = cap;
+            }
+        },
     )?;
-    if let Some(cap) = disk_bytes {
-        let cfg = std::fs::read_to_string(&daemon.config)?;
-        ensure!(cfg.contains("disk_bytes = 4294967296"), "{cfg}");
-        std::fs::write(
-            &daemon.config,
-            cfg.replace("disk_bytes = 4294967296", &format!("disk_bytes = {cap}")),
-        )?;
-        daemon.restart()?;
-    }
     let ctd = Containerd::start(ContainerdOptions {
         proxy_snapshotter: Some(daemon.socket.clone()),
         ..Default::default()

@@ -248,14 +248,13 @@ fn snapshotter_exits_at_start_when_its_status_address_is_taken() -> Result<()> {
     let addr = taken.local_addr()?.to_string();
     let socket = tmp.path().join("snap.sock");
     let config = tmp.path().join("config.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "version = 1\nroot_dir = {root:?}\nsocket = {sock:?}\n[observability]\nlisten = {addr:?}\n",
-            root = tmp.path().join("state").display().to_string(),
-            sock = socket.display().to_string(),
-        ),
-    )?;
+    let mut cfg = weenv_snapshotter_api::config::Config {
+        root_dir: tmp.path().join("state"),
+        socket: socket.clone(),
+        ..Default::default()
+    };
+    cfg.observability.listen = addr.clone();
+    std::fs::write(&config, weenv_integration::daemon::config_text(&cfg)?)?;
     let mut child = Command::new(workspace_bin("weenv-snapshotter")?)
         .arg("--config")
         .arg(&config)
@@ -303,18 +302,12 @@ fn weenv_with_a_missing_config_file_fails_naming_it() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs root, containerd, runc, docker-registry, skopeo, umoci and busybox-static"]
 async fn pull_for_another_platform_of_a_single_platform_image_fails() -> Result<()> {
-    use snapshotter_common::{client, convert, lazy_stack};
-    use weenv_integration::util::{require_root_and_bins, E2E_FUSE_BINS};
-    require_root_and_bins(E2E_FUSE_BINS)?;
-    let tmp = tempfile::tempdir()?;
-    let reg = weenv_integration::registry::LocalRegistry::start(tmp.path())?;
-    let host = reg.host();
+    let stack = weenv_integration::stack::Stack::builder()
+        .use_containerd()
+        .start()?;
     let img = weenv_integration::images::busybox()?;
-    let gz = format!("{host}/busybox:gz");
-    weenv_integration::images::push_oci_layout(&img, &gz)?;
-    let weenv = format!("{host}/busybox:weenv");
-    convert(&client(std::slice::from_ref(&host))?, &gz, &weenv).await?;
-    let (daemon, ctd) = lazy_stack(&tmp.path().join("snap"), &host)?;
+    let weenv = stack.push_converted(&img, "busybox").await?.weenv;
+    let (daemon, ctd) = (&stack.daemon, &stack.ctd);
     let sock = ctd.address().display().to_string();
     let pull = |platform: Option<&str>| -> Result<std::process::Output> {
         let mut c = Command::new(workspace_bin("weenv")?);
@@ -340,6 +333,6 @@ async fn pull_for_another_platform_of_a_single_platform_image_fails() -> Result<
         String::from_utf8_lossy(&o.stderr),
         daemon.log()
     );
-    drop(ctd);
+    drop(stack);
     Ok(())
 }

@@ -1,13 +1,20 @@
-//! A tiny HTTP/1.1 endpoint (no framework) on TCP or a unix socket:
-//! `GET /metrics` (Prometheus text), `GET /status` (JSON), `GET /profile` (files read from each
-//! layer, JSON) and `POST /profile/reset`. One request per connection. The client (`weenv status`, `weenv
-//! profile`) is `weenv_snapshotter_api::client`.
+//! The observability endpoint on TCP or a unix socket (`observability.listen`), served with
+//! hyper like the peer and plan endpoints: `GET /metrics` (Prometheus text), `GET /status`
+//! (JSON), `GET /profile` (files read from each layer, JSON), `POST /profile/reset` and `POST
+//! /verify/<layer digest>`. [`route`] decides the answer (pure), [`serve`] runs hyper. The
+//! client (`weenv status`, `weenv profile`, `weenv metrics`) is `weenv_snapshotter_api::client`.
 
 use crate::config::ListenAddr;
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::header::{HeaderValue, CONTENT_TYPE};
+use hyper::{Method, Request, StatusCode};
+use std::convert::Infallible;
 use std::sync::Arc;
+use std::time::Duration;
 use thiserror::Error;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tracing::debug;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tracing::{debug, warn};
 
 /// Endpoint errors.
 #[derive(Debug, Error)]
@@ -40,12 +47,10 @@ pub trait Observable: Send + Sync + 'static {
     }
 }
 
-/// The layer a `POST /verify/<digest>` request line names. Pure.
-pub fn verify_target(request_line: &str) -> Option<String> {
-    let mut parts = request_line.split_whitespace();
-    let (method, path) = (parts.next()?, parts.next()?);
+/// The layer a `POST /verify/<digest>` request names. Pure.
+pub fn verify_target(method: &Method, path: &str) -> Option<String> {
     let d = path.strip_prefix(weenv_snapshotter_api::verify::VERIFY_PATH)?;
-    (method == "POST" && !d.is_empty()).then(|| d.to_string())
+    (method == Method::POST && !d.is_empty()).then(|| d.to_string())
 }
 
 /// A response: status line, content type, body.
@@ -56,12 +61,9 @@ pub struct Response {
     pub body: String,
 }
 
-/// Route one request line (`GET /metrics HTTP/1.1`). Pure.
-pub fn route(request_line: &str, obs: &dyn Observable) -> Response {
-    let mut parts = request_line.split_whitespace();
-    let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-    let path = path.split('?').next().unwrap_or("");
-    match (method, path) {
+/// Route one request (method and path, without the query). Pure but for what `obs` reads.
+pub fn route(method: &Method, path: &str, obs: &dyn Observable) -> Response {
+    match (method.as_str(), path) {
         ("GET", "/metrics") => Response {
             code: 200,
             content_type: "text/plain; version=0.0.4",
@@ -98,43 +100,57 @@ pub fn route(request_line: &str, obs: &dyn Observable) -> Response {
     }
 }
 
-fn reason(code: u16) -> &'static str {
-    match code {
-        200 => "OK",
-        404 => "Not Found",
-        409 => "Conflict",
-        405 => "Method Not Allowed",
-        _ => "Error",
+/// The answer to one request: `POST /verify/<digest>` goes to the layer provider, the rest to
+/// [`route`].
+async fn answer(
+    req: Request<hyper::body::Incoming>,
+    obs: Arc<dyn Observable>,
+) -> hyper::Response<Full<Bytes>> {
+    let (method, path) = (req.method(), req.uri().path());
+    debug!(%method, path, "http request");
+    let r = match verify_target(method, path) {
+        Some(d) => obs.verify(d).await,
+        None => route(method, path, obs.as_ref()),
+    };
+    let mut resp = hyper::Response::new(Full::new(Bytes::from(r.body)));
+    *resp.status_mut() = StatusCode::from_u16(r.code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    if let Ok(v) = HeaderValue::from_str(r.content_type) {
+        resp.headers_mut().insert(CONTENT_TYPE, v);
     }
+    resp
 }
 
-async fn handle<S: AsyncRead + AsyncWrite + Unpin>(mut s: S, obs: Arc<dyn Observable>) {
-    let mut buf = Vec::with_capacity(1024);
-    let mut chunk = [0u8; 1024];
-    // Read until the end of the request head (bounded: 16 KiB).
-    while !buf.windows(4).any(|w| w == b"\r\n\r\n") && buf.len() < 16 << 10 {
-        match s.read(&mut chunk).await {
-            Ok(0) | Err(_) => break,
-            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-        }
-    }
-    let head = String::from_utf8_lossy(&buf);
-    let line = head.lines().next().unwrap_or("");
-    debug!(line, "http request");
-    let r = match verify_target(line) {
-        Some(d) => obs.verify(d).await,
-        None => route(line, obs.as_ref()),
-    };
-    let out = format!(
-        "HTTP/1.1 {} {}\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{}",
-        r.code,
-        reason(r.code),
-        r.content_type,
-        r.body.len(),
-        r.body
-    );
-    let _ = s.write_all(out.as_bytes()).await;
-    let _ = s.shutdown().await;
+/// Serve the requests of one connection (HTTP/1.1, keep-alive).
+async fn serve_connection<S>(s: S, obs: Arc<dyn Observable>)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let svc = hyper::service::service_fn(move |req| {
+        let obs = obs.clone();
+        async move { Ok::<_, Infallible>(answer(req, obs).await) }
+    });
+    serve_http1(s, svc).await;
+}
+
+/// How long a client may take to send a request head.
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Serve the HTTP/1.1 requests of one connection with `svc` (keep-alive; each request head
+/// must arrive within 30 s). The one way the daemon's HTTP endpoints (this one, the peer
+/// endpoint `peer::serve` and the plan endpoint `plans::serve`) run hyper.
+pub(crate) async fn serve_http1<I, S, B>(io: I, svc: S)
+where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    S: hyper::service::HttpService<hyper::body::Incoming, ResBody = B>,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    B: hyper::body::Body + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let _ = hyper::server::conn::http1::Builder::new()
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT)
+        .serve_connection(hyper_util::rt::TokioIo::new(io), svc)
+        .await;
 }
 
 /// A bound endpoint, not yet serving.
@@ -171,24 +187,26 @@ pub async fn bind(addr: &ListenAddr) -> Result<Listener, HttpError> {
 
 /// Serve requests on `l` forever (spawned by the daemon).
 pub async fn serve(l: Listener, obs: Arc<dyn Observable>) {
-    match l {
-        Listener::Tcp(l) => loop {
-            if let Ok((s, _)) = l.accept().await {
-                tokio::spawn(handle(s, obs.clone()));
-            }
-        },
-        Listener::Unix(l) => loop {
-            if let Ok((s, _)) = l.accept().await {
-                tokio::spawn(handle(s, obs.clone()));
-            }
-        },
+    loop {
+        let accepted = match &l {
+            Listener::Tcp(l) => l.accept().await.map(|(s, _)| {
+                tokio::spawn(serve_connection(s, obs.clone()));
+            }),
+            Listener::Unix(l) => l.accept().await.map(|(s, _)| {
+                tokio::spawn(serve_connection(s, obs.clone()));
+            }),
+        };
+        if let Err(e) = accepted {
+            warn!(error = %e, "observability endpoint: accept failed");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use weenv_snapshotter_api::client::get;
+    use weenv_snapshotter_api::client::{get, request};
 
     struct Fake(std::sync::atomic::AtomicU32);
     impl Observable for Fake {
@@ -212,23 +230,21 @@ mod tests {
 
     #[test]
     fn routes() {
-        assert_eq!(route("GET /metrics HTTP/1.1", &O).body, "m 1\n");
+        let (get, post) = (&Method::GET, &Method::POST);
+        assert_eq!(route(get, "/metrics", &O).body, "m 1\n");
+        assert_eq!(route(get, "/status", &O).content_type, "application/json");
+        assert_eq!(route(get, "/", &O).code, 404);
+        assert_eq!(route(post, "/metrics", &O).code, 405);
+        assert_eq!(route(get, "/profile", &O).body, "{\"resets\":0}");
+        assert_eq!(route(post, "/profile/reset", &O).code, 200);
+        assert_eq!(route(get, "/profile", &O).body, "{\"resets\":1}");
+        assert_eq!(route(&Method::PUT, "", &O).code, 405);
         assert_eq!(
-            route("GET /status?x=1 HTTP/1.1", &O).content_type,
-            "application/json"
-        );
-        assert_eq!(route("GET / HTTP/1.1", &O).code, 404);
-        assert_eq!(route("POST /metrics HTTP/1.1", &O).code, 405);
-        assert_eq!(route("GET /profile HTTP/1.1", &O).body, "{\"resets\":0}");
-        assert_eq!(route("POST /profile/reset HTTP/1.1", &O).code, 200);
-        assert_eq!(route("GET /profile HTTP/1.1", &O).body, "{\"resets\":1}");
-        assert_eq!(route("", &O).code, 405);
-        assert_eq!(
-            verify_target("POST /verify/sha256:ab HTTP/1.1").as_deref(),
+            verify_target(post, "/verify/sha256:ab").as_deref(),
             Some("sha256:ab")
         );
-        assert_eq!(verify_target("GET /verify/sha256:ab HTTP/1.1"), None);
-        assert_eq!(verify_target("POST /verify/ HTTP/1.1"), None);
+        assert_eq!(verify_target(get, "/verify/sha256:ab"), None);
+        assert_eq!(verify_target(post, "/verify/"), None);
     }
 
     #[tokio::test]
@@ -240,7 +256,7 @@ mod tests {
             l,
             Arc::new(Fake(std::sync::atomic::AtomicU32::new(0))),
         ));
-        let mut body = Err(std::io::Error::other("not started"));
+        let mut body = get(&addr, "/metrics").await;
         for _ in 0..100 {
             body = get(&addr, "/metrics").await;
             if body.is_ok() {
@@ -249,7 +265,16 @@ mod tests {
             tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         }
         assert_eq!(body.unwrap(), "m 1\n");
-        assert!(get(&addr, "/nope").await.is_err());
+        assert_eq!(get(&addr, "/status?x=1").await.unwrap(), "{}");
+        let err = get(&addr, "/nope").await.unwrap_err().to_string();
+        assert_eq!(err, "/nope: HTTP/1.1 404 Not Found");
+        let n = request(&addr, "POST", "/profile/reset").await.unwrap();
+        assert_eq!(n, "profile reset\n");
+        assert_eq!(get(&addr, "/profile").await.unwrap(), "{\"resets\":1}");
+        // A daemon that is not there: the message names the address and the config key.
+        let gone = ListenAddr::Unix(d.path().join("gone.sock"));
+        let err = get(&gone, "/status").await.unwrap_err().to_string();
+        assert!(err.contains("observability.listen"), "{err}");
         t.abort();
     }
 

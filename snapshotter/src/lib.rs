@@ -7,7 +7,7 @@
 //! - [`mounts`]: overlayfs mount shapes (pure).
 //! - [`remote`]: remote-snapshot labels and the [`remote::LayerProvider`] seam.
 //! - [`grpc`]: the tonic adapter serving containerd's Snapshots API on a unix socket.
-//! - [`http`] + [`status`]: `/metrics` and `/status` endpoint.
+//! - [`http`] + [`status`]: the observability endpoint on hyper (`/metrics`, `/status`, `/profile`, `/verify`).
 //! - [`daemon`]: wiring (store, FUSE layer store, remount, servers).
 //! - [`dirs`]: directory modes set explicitly (private state, overlayfs's snapshot modes).
 //! - the lazy data path: [`layers`] (the FUSE sessions and the node's layer registry),

@@ -8,45 +8,10 @@ use sha2::{Digest as _, Sha256};
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::Arc;
-use weenv_converter::{
-    convert_image, registry_config, ConvertOptions, ImageLocation, ImageReport, NoProgress,
-};
-use weenv_registry::{Client, ImageManifest};
+use weenv_registry::ImageManifest;
 
-/// A registry client with plain HTTP for `hosts`.
-pub fn client(hosts: &[String]) -> Result<Client> {
-    Ok(Client::new(registry_config(hosts))?)
-}
-
-/// Convert `src` to `dst` with default options.
-pub async fn convert(client: &Client, src: &str, dst: &str) -> Result<ImageReport> {
-    Ok(convert_image(
-        client,
-        &ImageLocation::parse(src)?,
-        &ImageLocation::parse(dst)?,
-        &ConvertOptions::default(),
-        Arc::new(NoProgress),
-    )
-    .await?)
-}
-
-/// Convert `src` to `dst` with `opts`.
-pub async fn convert_with(
-    client: &Client,
-    src: &str,
-    dst: &str,
-    opts: &ConvertOptions,
-) -> Result<ImageReport> {
-    Ok(convert_image(
-        client,
-        &ImageLocation::parse(src)?,
-        &ImageLocation::parse(dst)?,
-        opts,
-        Arc::new(NoProgress),
-    )
-    .await?)
-}
+#[allow(unused_imports)] // each test file uses some of these
+pub use weenv_integration::convert::{client, convert, convert_with};
 
 /// `DIR/blobs/sha256/<hex>` of a digest string.
 pub fn blob_path(layout: &Path, digest: &str) -> PathBuf {

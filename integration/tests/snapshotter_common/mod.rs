@@ -1,242 +1,21 @@
-//! Helpers shared by the `snapshotter_*` end-to-end tests: a `weenv-snapshotter` daemon under
-//! a temp root (stopped with SIGTERM and unmounted on drop, restartable on the same root), the
-//! `weenv` CLI, image conversion, and a file-tree manifest script run inside containers.
+//! Helpers shared by the `snapshotter_*` end-to-end tests: the Debian+python3 test image in a
+//! registry ([`PythonImage`]), `ctr` helpers, and a file-tree manifest script run inside
+//! containers. The daemon harness, the conversion helpers and the [`weenv_integration::stack::Stack`]
+//! builder live in `weenv_integration` (re-exported here for the tests that `use
+//! snapshotter_common::*`).
 
 #![allow(dead_code)]
 
 use anyhow::{bail, ensure, Context, Result};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
-use weenv_integration::containerd::unmount_below;
-use weenv_integration::util::{free_port, wait_for_unix_socket, workspace_bin};
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
 
-/// Daemon settings used by the tests.
-#[derive(Clone, Debug)]
-pub struct DaemonOptions {
-    /// Registries reached over plain HTTP (the test registry and proxy).
-    pub plain_http: Vec<String>,
-    /// Background fill (off when a test counts bytes fetched for a workload).
-    pub fill: bool,
-    /// Extra lines appended to the `[fill]` section (tuning).
-    pub fill_extra: String,
-}
-
-/// A running `weenv-snapshotter`.
-pub struct Daemon {
-    pub root: PathBuf,
-    pub socket: PathBuf,
-    pub config: PathBuf,
-    pub status_addr: String,
-    child: Option<Child>,
-    log_n: u32,
-}
-
-impl Daemon {
-    /// Write a config under `root` and start the daemon; waits for its socket.
-    pub fn start(root: &Path, opts: &DaemonOptions) -> Result<Daemon> {
-        Self::start_with_hosts_toml(root, opts, &[])
-    }
-
-    /// Like [`Daemon::start`], plus containerd-style `hosts.toml` files: (registry host, file
-    /// text) written to `<root>/certs.d/<host>/hosts.toml`, the daemon's `registry.hosts_dir`.
-    pub fn start_with_hosts_toml(
-        root: &Path,
-        opts: &DaemonOptions,
-        hosts_toml: &[(String, String)],
-    ) -> Result<Daemon> {
-        Self::start_with_extra(root, opts, hosts_toml, "")
-    }
-
-    /// Like [`Daemon::start_with_hosts_toml`], plus `extra` appended to the config (whole
-    /// sections, e.g. `[fuse]\nhandover = true\n`).
-    pub fn start_with_extra(
-        root: &Path,
-        opts: &DaemonOptions,
-        hosts_toml: &[(String, String)],
-        extra: &str,
-    ) -> Result<Daemon> {
-        std::fs::create_dir_all(root)?;
-        let socket = root.join("snap.sock");
-        let port = free_port()?;
-        let status_addr = format!("127.0.0.1:{port}");
-        let hosts: Vec<String> = opts.plain_http.iter().map(|h| format!("{h:?}")).collect();
-        let hosts_dir = root.join("certs.d");
-        for (host, text) in hosts_toml {
-            std::fs::create_dir_all(hosts_dir.join(host))?;
-            std::fs::write(hosts_dir.join(host).join("hosts.toml"), text)?;
-        }
-        let cfg = format!(
-            "version = 1\nroot_dir = {root:?}\nsocket = {sock:?}\nlog_level = \"info,weenv_snapshotter=debug\"\n\
-             [registry]\nplain_http = [{hosts}]\nhosts_dir = {hd:?}\ncontainerd_socket = {cs:?}\n\
-             [cache]\nmemory_bytes = 67108864\ndisk_bytes = 4294967296\n\
-             [fill]\nenabled = {fill}\n{fill_extra}\n[observability]\nlisten = {status_addr:?}\n{extra}",
-            root = root.join("state").display().to_string(),
-            sock = socket.display().to_string(),
-            hosts = hosts.join(", "),
-            hd = hosts_dir.display().to_string(),
-            cs = root.join("containerd.sock").display().to_string(),
-            fill = opts.fill,
-            fill_extra = opts.fill_extra,
-        );
-        // The code's default keeps the FUSE session in a keeper that outlives the daemon; test
-        // daemons leave none behind unless a test asks for handover (snapshotter_restart.rs).
-        let cfg = if extra.contains("[fuse]") {
-            cfg
-        } else {
-            format!("{cfg}\n[fuse]\nhandover = false\n")
-        };
-        let config = root.join("config.toml");
-        std::fs::write(&config, cfg)?;
-        let mut d = Daemon {
-            root: root.to_path_buf(),
-            socket,
-            config,
-            status_addr,
-            child: None,
-            log_n: 0,
-        };
-        d.spawn()?;
-        Ok(d)
-    }
-
-    fn spawn(&mut self) -> Result<()> {
-        let _ = std::fs::remove_file(&self.socket);
-        self.log_n += 1;
-        let log = std::fs::File::create(self.root.join(format!("daemon-{}.log", self.log_n)))?;
-        let child = Command::new(workspace_bin("weenv-snapshotter")?)
-            .arg("--config")
-            .arg(&self.config)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .spawn()
-            .context("spawn weenv-snapshotter")?;
-        self.child = Some(child);
-        if let Err(e) = wait_for_unix_socket(&self.socket, Duration::from_secs(30)) {
-            bail!("snapshotter did not start: {e}; log:\n{}", self.log());
-        }
-        Ok(())
-    }
-
-    /// Points the daemon's `registry.containerd_socket` (`<root>/containerd.sock`, a symlink)
-    /// at `ctd`: Prepares from stock clients (only the layer named) then find their image in
-    /// that containerd's content store. Without it they take the ordinary path.
-    pub fn use_containerd(&self, ctd: &weenv_integration::containerd::Containerd) -> Result<()> {
-        let link = self.root.join("containerd.sock");
-        let _ = std::fs::remove_file(&link);
-        std::os::unix::fs::symlink(ctd.address(), &link)?;
-        Ok(())
-    }
-
-    /// All daemon logs so far.
-    pub fn log(&self) -> String {
-        (1..=self.log_n)
-            .map(|n| {
-                std::fs::read_to_string(self.root.join(format!("daemon-{n}.log")))
-                    .unwrap_or_default()
-            })
-            .collect::<Vec<_>>()
-            .join("\n--- restart ---\n")
-    }
-
-    /// SIGTERM, wait (SIGKILL after 20 s), and detach anything left mounted under the root.
-    pub fn stop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let pid = nix::unistd::Pid::from_raw(c.id() as i32);
-            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
-            let deadline = Instant::now() + Duration::from_secs(20);
-            loop {
-                match c.try_wait() {
-                    Ok(Some(_)) => break,
-                    Ok(None) if Instant::now() < deadline => {
-                        std::thread::sleep(Duration::from_millis(50))
-                    }
-                    _ => {
-                        let _ = c.kill();
-                        let _ = c.wait();
-                        break;
-                    }
-                }
-            }
-        }
-        unmount_below(&self.root);
-    }
-
-    /// Stop and start again on the same root (metadata, TOCs and caches persist).
-    pub fn restart(&mut self) -> Result<()> {
-        self.stop();
-        self.spawn()
-    }
-
-    /// `kill -9` the daemon (its FUSE mount is left dead: ENOTCONN) and start it again; the new
-    /// daemon must clear the stale mount itself.
-    pub fn crash_and_restart(&mut self) -> Result<()> {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-        self.spawn()
-    }
-
-    /// SIGTERM the daemon, wait for it to exit (no unmount: with `fuse.handover` the keeper
-    /// keeps the session) and start it again; returns the time from the signal until the
-    /// new daemon's socket answered.
-    pub fn term_and_restart(&mut self) -> Result<Duration> {
-        let t = Instant::now();
-        if let Some(mut c) = self.child.take() {
-            let pid = nix::unistd::Pid::from_raw(c.id() as i32);
-            nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM)?;
-            c.wait()?;
-        }
-        self.spawn()?;
-        Ok(t.elapsed())
-    }
-
-    /// `kill -9` the daemon and start it again right away (without clearing its mount);
-    /// returns the time from the kill until the new daemon's socket answered.
-    pub fn kill_and_restart(&mut self) -> Result<Duration> {
-        let t = Instant::now();
-        self.crash_and_restart()?;
-        Ok(t.elapsed())
-    }
-
-    /// Run the `weenv` CLI with this daemon's config; fails on a non-zero exit.
-    pub fn weenv(&self, args: &[&str]) -> Result<String> {
-        let o = Command::new(workspace_bin("weenv")?)
-            .arg("--config")
-            .arg(&self.config)
-            .args(args)
-            .stdin(Stdio::null())
-            .output()?;
-        if !o.status.success() {
-            bail!(
-                "weenv {args:?} failed: {}{}\ndaemon log:\n{}",
-                String::from_utf8_lossy(&o.stdout),
-                String::from_utf8_lossy(&o.stderr),
-                self.log()
-            );
-        }
-        Ok(String::from_utf8_lossy(&o.stdout).into_owned())
-    }
-
-    /// The value of metric `name` (with its labels, e.g.
-    /// `weenv_remote_prepares_total{outcome="remote"}`) in `weenv metrics`.
-    pub fn metric(&self, name: &str) -> Result<u64> {
-        let m = self.weenv(&["metrics"])?;
-        m.lines()
-            .find_map(|l| l.strip_prefix(&format!("{name} ")))
-            .and_then(|v| v.trim().parse().ok())
-            .with_context(|| format!("{name} in /metrics:\n{m}"))
-    }
-
-    /// `weenv pull` into containerd at `ctd_sock`, namespace `ns`.
-    pub fn pull(&self, ctd_sock: &Path, ns: &str, reference: &str) -> Result<String> {
-        let sock = ctd_sock.display().to_string();
-        self.weenv(&["pull", "-a", &sock, "-n", ns, "--plain-http", reference])
-    }
-}
+// Each test file uses some of these.
+#[allow(unused_imports)]
+pub use weenv_integration::convert::{client, convert, image_layer_bytes};
+#[allow(unused_imports)]
+pub use weenv_integration::daemon::{Daemon, DaemonOptions};
 
 /// A daemon under `root` (plain HTTP to `host`, no background fill) and a containerd that
 /// uses it as its `weenv` proxy snapshotter. Bind them as `let (daemon, ctd) = ...`: the
@@ -261,12 +40,6 @@ pub fn lazy_stack(
     )?;
     daemon.use_containerd(&ctd)?;
     Ok((daemon, ctd))
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        self.stop();
-    }
 }
 
 /// Binaries the tests with the Debian+python3 image need.
@@ -369,43 +142,6 @@ pub fn ctr_run(
         );
     }
     Ok(String::from_utf8_lossy(&o.stdout).into_owned())
-}
-
-/// A registry client with plain HTTP for `hosts`.
-pub fn client(hosts: &[String]) -> Result<weenv_registry::Client> {
-    Ok(weenv_registry::Client::new(
-        weenv_converter::registry_config(hosts),
-    )?)
-}
-
-/// Convert `src` to weenv at `dst` (registry to registry).
-pub async fn convert(
-    client: &weenv_registry::Client,
-    src: &str,
-    dst: &str,
-) -> Result<weenv_converter::ImageReport> {
-    Ok(weenv_converter::convert_image(
-        client,
-        &weenv_converter::ImageLocation::parse(src)?,
-        &weenv_converter::ImageLocation::parse(dst)?,
-        &weenv_converter::ConvertOptions::default(),
-        Arc::new(weenv_converter::NoProgress),
-    )
-    .await?)
-}
-
-/// Sum of the layer sizes of `reference` (the image's bytes in the registry).
-pub async fn image_layer_bytes(client: &weenv_registry::Client, reference: &str) -> Result<u64> {
-    let r: weenv_registry::Reference = reference.parse()?;
-    let (m, _) = client
-        .get_image_manifest(
-            &r,
-            "linux",
-            &weenv_registry::manifest::host_platform().architecture,
-            None,
-        )
-        .await?;
-    Ok(m.layers.iter().map(|l| l.size).sum())
 }
 
 /// A python script printing one line per file of the root filesystem (excluding /proc,

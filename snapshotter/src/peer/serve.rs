@@ -224,11 +224,7 @@ impl PeerServer {
                     let me = me.clone();
                     async move { Ok::<_, Infallible>(me.handle(req).await) }
                 });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .timer(hyper_util::rt::TokioTimer::new())
-                    .header_read_timeout(Duration::from_secs(30))
-                    .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
-                    .await;
+                crate::http::serve_http1(stream, svc).await;
             });
         }
     }

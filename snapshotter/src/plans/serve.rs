@@ -230,11 +230,7 @@ pub async fn serve(server: Arc<PlanServer>, listener: TcpListener) {
                     Ok::<_, Infallible>(me.handle(&m, &p, q.as_deref()).await)
                 }
             });
-            let _ = hyper::server::conn::http1::Builder::new()
-                .timer(hyper_util::rt::TokioTimer::new())
-                .header_read_timeout(Duration::from_secs(30))
-                .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
-                .await;
+            crate::http::serve_http1(stream, svc).await;
         });
     }
 }
