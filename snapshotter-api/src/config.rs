@@ -88,6 +88,7 @@ pub struct Config {
     pub peers: PeersSection,
     #[serde(default)]
     pub trust: TrustSection,
+    #[serde(default)]
     pub plans: PlansSection,
 }
 
@@ -934,6 +935,13 @@ mod tests {
             parse("root_dir = \"/x\""),
             Err(ConfigError::Parse { .. })
         ));
+    }
+
+    #[test]
+    fn a_config_without_a_plans_section_parses() {
+        // Every config written before plans by reference has none (the benches' did not).
+        let c = parse("version = 1\n[fill]\nenabled = true\n").unwrap();
+        assert_eq!(c.plans, PlansSection::default());
     }
 
     #[test]
