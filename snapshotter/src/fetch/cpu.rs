@@ -27,8 +27,9 @@
 //!   raises the call (see `frames.rs`): the frames still to decode are decoded at normal
 //!   priority, and so is the one being decoded ([`Raisable`]: its thread is raised at once;
 //!   under `SCHED_IDLE` on busy CPUs it would finish only when a CPU goes idle).
-//! - **The share is CPU time too**: inside the fill's unpaused window the fill's decodes and
-//!   its post-fill work run at normal priority ([`background_priority`]); at `SCHED_IDLE` a
+//! - **The share is CPU time too**: inside the fill's unpaused window, unless a container
+//!   reads through weenv, the fill's decodes and its post-fill work run at normal priority
+//!   ([`background_priority`]); at `SCHED_IDLE` a
 //!   node whose CPUs stay busy gives them almost nothing, so the window's bytes arrived and
 //!   waited undecoded and the layer never completed (no native tree, no passthrough).
 //!
@@ -248,9 +249,16 @@ pub fn set_thread(tid: libc::pid_t, p: CpuPriority) -> std::io::Result<()> {
 /// normal inside the fill's unpaused window (`open_until`, see [`busy_step`]: the minimum
 /// share of a busy node is CPU time too, and under `SCHED_IDLE` a node whose CPUs stay busy
 /// gives the fill's decode almost none of it, so the window's bytes would arrive and wait
-/// undecoded), else the policy's. Pure.
-pub fn background_priority(now: Duration, open_until: Duration, p: &CpuPolicy) -> CpuPriority {
-    if now < open_until {
+/// undecoded) unless a FUSE read came within `busy` (`last_read`: a container is starting
+/// on lazy layers and needs the CPUs more than the fill), else the policy's. Pure.
+pub fn background_priority(
+    now: Duration,
+    open_until: Duration,
+    last_read: Duration,
+    p: &CpuPolicy,
+) -> CpuPriority {
+    let reading = last_read + p.busy > now;
+    if now < open_until && !reading {
         CpuPriority::Normal
     } else {
         p.priority
@@ -467,17 +475,34 @@ mod tests {
     fn the_fill_window_decodes_at_normal_priority() {
         let p = CpuPolicy::default();
         assert_eq!(p.priority, CpuPriority::Idle);
+        // In the window, the last read long ago (busy CPUs only): normal.
         assert_eq!(
-            background_priority(MS(1000), MS(2000), &p),
+            background_priority(MS(10_000), MS(11_000), MS(1000), &p),
             CpuPriority::Normal
         );
-        assert_eq!(background_priority(MS(2000), MS(2000), &p), CpuPriority::Idle);
-        assert_eq!(background_priority(MS(5000), MS(0), &p), CpuPriority::Idle);
+        // In the window while a container reads through weenv (a cold start): the policy's.
+        assert_eq!(
+            background_priority(MS(10_000), MS(11_000), MS(9800), &p),
+            CpuPriority::Idle
+        );
+        // Exactly `busy` after the last read: not reading any more.
+        assert_eq!(
+            background_priority(MS(10_000), MS(11_000), MS(9500), &p),
+            CpuPriority::Normal
+        );
+        // Outside the window: the policy's.
+        assert_eq!(
+            background_priority(MS(11_000), MS(11_000), MS(0), &p),
+            CpuPriority::Idle
+        );
         let low = CpuPolicy {
             priority: CpuPriority::Low,
             ..p
         };
-        assert_eq!(background_priority(MS(5000), MS(0), &low), CpuPriority::Low);
+        assert_eq!(
+            background_priority(MS(5000), MS(0), MS(0), &low),
+            CpuPriority::Low
+        );
     }
 
     #[test]
@@ -493,7 +518,7 @@ mod tests {
                 let before = unsafe { libc::sched_getscheduler(0) };
                 started_tx.send(before).unwrap(); // ok: test code
                 go_rx.recv().unwrap(); // ok: test code
-                // SAFETY: as above.
+                                       // SAFETY: as above.
                 unsafe { libc::sched_getscheduler(0) }
             })
         });

@@ -24,7 +24,9 @@
 //!   (verified against the TOC by the tier) are cached like fetched ones, the rest are fetched
 //!   from the source as above.
 
-use super::cpu::{background_priority, busy_step, BusyStep, CpuPolicy, CpuPriority, Lowered, Raisable};
+use super::cpu::{
+    background_priority, busy_step, BusyStep, CpuPolicy, CpuPriority, Lowered, Raisable,
+};
 use super::link::{Class, LinkPolicy, LinkScheduler, Promotion};
 use super::plan::{plan_fetch, PlanLimits, RangeRequest};
 use super::single_flight::{publish, Claim, Claims, Fetched, Joined, SingleFlight, Slot};
@@ -75,6 +77,8 @@ pub struct FrameStore {
     /// Milliseconds after `started` of the last sign that the node's containers are busy: a
     /// FUSE read, or a CPU interval other processes kept busy.
     last_busy_ms: AtomicU64,
+    /// Milliseconds after `started` of the last FUSE read (containers reading lazy layers).
+    last_read_ms: AtomicU64,
     /// Milliseconds after `started` until which fill requests go unpaused (a pause reached
     /// its maximum: the fill's minimum share, see [`busy_step`]).
     open_until_ms: AtomicU64,
@@ -220,6 +224,7 @@ impl FrameStore {
             link: LinkScheduler::new(LinkPolicy::default()),
             cpu: CpuPolicy::default(),
             last_busy_ms: AtomicU64::new(0),
+            last_read_ms: AtomicU64::new(0),
             open_until_ms: AtomicU64::new(0),
             last_log: LogLimit::default(),
             started: Instant::now(),
@@ -258,6 +263,8 @@ impl FrameStore {
 
     /// A FUSE read came now (the fill pauses while they keep coming).
     pub fn note_read(&self) {
+        let now = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.last_read_ms.fetch_max(now, Ordering::Relaxed);
         self.note_busy();
     }
 
@@ -279,7 +286,8 @@ impl FrameStore {
     /// see [`super::cpu::background_priority`]).
     pub fn background_priority(&self) -> CpuPriority {
         let open = Duration::from_millis(self.open_until_ms.load(Ordering::Relaxed));
-        background_priority(self.started.elapsed(), open, &self.cpu)
+        let read = Duration::from_millis(self.last_read_ms.load(Ordering::Relaxed));
+        background_priority(self.started.elapsed(), open, read, &self.cpu)
     }
 
     /// Waits while the node's containers read through weenv or keep its CPUs busy, but
