@@ -36,7 +36,9 @@
 # BURN=N runs N busy loops in other processes for the whole run (a node whose CPUs are busy).
 # Env: RUNS (3), RATE (200mbit), LATENCY_MS (5), HARNESS (v2), TASK (first task of the workload),
 # CMD and PYTHON (the import and the interpreter that runs it, default /opt/harness/bin/python),
-# OVL=0 skips the overlayfs rows (then no floor and no bound), PROFILE=0 the profiled image.
+# OVL=0 skips the overlayfs rows (then no floor and no bound), PROFILE=0 the profiled image,
+# NATIVE_WAIT (600) how long a run waits for every layer's native tree (the row after it then
+# measures what there is, and the count of such runs is printed).
 set -euo pipefail
 
 RUNS=${RUNS:-3}
@@ -52,6 +54,7 @@ bench_need containerd ctr runc docker-registry ip tc bc
 bench_need_bins weenv-snapshotter weenv weenv-convert
 OVL=${OVL:-1}
 PROFILE=${PROFILE:-1}
+NATIVE_WAIT=${NATIVE_WAIT:-600}
 WL="$CACHE/out/workload.json"
 [ -f "$WL" ] || { echo "no workload in $CACHE: run integration/bench/workload/build.sh" >&2; exit 2; }
 TASK=${TASK:-$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["tasks"][0]["id"])' "$WL")}
@@ -102,13 +105,15 @@ for op in c:
 }
 wait_native() { # $1 = run dir: until the fill is done and every layer is on its native tree
     local s
-    for _ in $(seq 1200); do
+    for _ in $(seq $((NATIVE_WAIT * 2))); do
         s=$("$BIN/weenv" --config "$1/snap.toml" status --json 2>/dev/null || true)
         python3 -c 'import json,sys; l=json.load(sys.stdin)["layers"]; sys.exit(0 if l and all(x.get("native") for x in l) else 1)' <<<"$s" 2>/dev/null && return 0
         sleep 0.5
     done
-    log "layers did not all switch to native trees"
+    log "layers did not all switch to native trees within $NATIVE_WAIT s"
+    NATIVE_LATE=$((NATIVE_LATE + 1))
 }
+NATIVE_LATE=0
 
 declare -A R
 if [ "${BURN:-0}" -gt 0 ]; then
@@ -218,6 +223,7 @@ if [ "$OVL" = 1 ]; then
     row "warm: overlayfs, image present, page cache dropped" "$(m warm_disk)" ""
 fi
 echo
+[ "$NATIVE_LATE" = 0 ] || echo "$NATIVE_LATE run(s): not every layer on its native tree after $NATIVE_WAIT s (the row 'after the fill' measured what there was)"
 [ "$FAILS" = 0 ] || echo "$FAILS import(s) failed: their samples were dropped (see the log above)"
 [ -s "$W/next-phase" ] && echo "the daemon during the import right after (fill on, last run): $(cat "$W/next-phase")"
 echo "FUSE requests of the import run again on the fill-off node (last run; op, count, daemon ms):"

@@ -168,7 +168,7 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
 EOF
     containerd --config "$d/ctd.toml" >"$d/ctd.log" 2>&1 &
     CTD_PID=$!; PIDS+=($CTD_PID)
-    for _ in $(seq 100); do [ -S "$d/snap.sock" ] && ctr -a "$d/ctd.sock" version >/dev/null 2>&1 && return 0; sleep 0.1; done
+    for _ in $(seq $((${STACK_WAIT:-30} * 10))); do [ -S "$d/snap.sock" ] && ctr -a "$d/ctd.sock" version >/dev/null 2>&1 && return 0; sleep 0.1; done
     echo "stack did not start in $d" >&2; exit 1
 }
 

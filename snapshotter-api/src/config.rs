@@ -204,7 +204,9 @@ pub struct FillSection {
     pub background_bytes: Option<u64>,
     /// Priority of background CPU and disk work (fill and prefetch decompression and
     /// verification, cache writes, completion check, native trees): `idle`, `low` or
-    /// `normal`. Default `idle`.
+    /// `normal`. Default `idle`. Inside the fill's unpaused window (`busy_min_share_percent`)
+    /// the fill's work runs at normal priority unless a container reads through weenv, and a
+    /// reader waiting for a background call raises it to normal.
     #[serde(default)]
     pub cpu_priority: CpuPriority,
     /// The fill sends its next request only after no FUSE read came for this long (ms): it
@@ -935,6 +937,13 @@ mod tests {
             parse("root_dir = \"/x\""),
             Err(ConfigError::Parse { .. })
         ));
+    }
+
+    #[test]
+    fn a_config_without_a_plans_section_parses() {
+        // Every config written before plans by reference has none (the benches' did not).
+        let c = parse("version = 1\n[fill]\nenabled = true\n").unwrap();
+        assert_eq!(c.plans, PlansSection::default());
     }
 
     #[test]

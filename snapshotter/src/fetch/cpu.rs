@@ -25,7 +25,13 @@
 //!   share of *other* processes counts: the daemon's own work must not hold the fill back.
 //! - **No inversion**: a reader waiting for a frame a background call is fetching or decoding
 //!   raises the call (see `frames.rs`): the frames still to decode are decoded at normal
-//!   priority.
+//!   priority, and so is the one being decoded ([`Raisable`]: its thread is raised at once;
+//!   under `SCHED_IDLE` on busy CPUs it would finish only when a CPU goes idle).
+//! - **The share is CPU time too**: inside the fill's unpaused window, unless a container
+//!   reads through weenv, the fill's decodes and its post-fill work run at normal priority
+//!   ([`background_priority`]); at `SCHED_IDLE` a
+//!   node whose CPUs stay busy gives them almost nothing, so the window's bytes arrived and
+//!   waited undecoded and the layer never completed (no native tree, no passthrough).
 //!
 //! The kernel calls are [`set_current_thread`] (one narrow function); [`Lowered`] applies a
 //! priority for a scope and restores normal priority on drop.
@@ -197,8 +203,14 @@ pub async fn watch_cpu(percent: u32, every: Duration, mut note: impl FnMut(bool)
 
 /// Sets the calling thread's CPU scheduling and I/O priority (Linux: both are per thread).
 pub fn set_current_thread(p: CpuPriority) -> std::io::Result<()> {
+    set_thread(nix::unistd::gettid().as_raw(), p)
+}
+
+/// Sets thread `tid`'s CPU scheduling and I/O priority (a thread of this process: raising
+/// another thread back to normal needs CAP_SYS_NICE, which the daemon has as root).
+pub fn set_thread(tid: libc::pid_t, p: CpuPriority) -> std::io::Result<()> {
     // ioprio: class << 13 | level; class 0 = none (follow the CPU nice level), 2 = best
-    // effort, 3 = idle. IOPRIO_WHO_PROCESS = 1 with id 0 = the calling thread.
+    // effort, 3 = idle. IOPRIO_WHO_PROCESS = 1 with a thread id = that thread.
     const IOPRIO_WHO_PROCESS: libc::c_long = 1;
     let (policy, nice, ioprio): (libc::c_int, libc::c_int, libc::c_long) = match p {
         CpuPriority::Normal => (libc::SCHED_OTHER, 0, 0),
@@ -206,11 +218,10 @@ pub fn set_current_thread(p: CpuPriority) -> std::io::Result<()> {
         CpuPriority::Idle => (libc::SCHED_IDLE, 19, 3 << 13),
     };
     let param = libc::sched_param { sched_priority: 0 };
-    let tid = nix::unistd::gettid().as_raw();
     // Raw libc: nix does not wrap sched_setscheduler, per-thread setpriority or ioprio_set.
-    // SAFETY: `param` is a valid sched_param for the duration of the call; pid 0 is the
-    // calling thread; the other calls take plain integers.
-    let rc = unsafe { libc::sched_setscheduler(0, policy, &param) };
+    // SAFETY: `param` is a valid sched_param for the duration of the call; a thread id is a
+    // pid to these calls; the other calls take plain integers.
+    let rc = unsafe { libc::sched_setscheduler(tid, policy, &param) };
     if rc != 0 {
         return Err(std::io::Error::last_os_error());
     }
@@ -220,11 +231,92 @@ pub fn set_current_thread(p: CpuPriority) -> std::io::Result<()> {
         return Err(std::io::Error::last_os_error());
     }
     // SAFETY: plain integers.
-    let rc = unsafe { libc::syscall(libc::SYS_ioprio_set, IOPRIO_WHO_PROCESS, 0, ioprio) };
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_ioprio_set,
+            IOPRIO_WHO_PROCESS,
+            libc::c_long::from(tid),
+            ioprio,
+        )
+    };
     if rc != 0 {
         return Err(std::io::Error::last_os_error());
     }
     Ok(())
+}
+
+/// The priority of a background call's decode, verification and cache writes at `now`:
+/// normal inside the fill's unpaused window (`open_until`, see [`busy_step`]: the minimum
+/// share of a busy node is CPU time too, and under `SCHED_IDLE` a node whose CPUs stay busy
+/// gives the fill's decode almost none of it, so the window's bytes would arrive and wait
+/// undecoded) unless a FUSE read came within `busy` (`last_read`: a container is starting
+/// on lazy layers and needs the CPUs more than the fill), else the policy's. Pure.
+pub fn background_priority(
+    now: Duration,
+    open_until: Duration,
+    last_read: Duration,
+    p: &CpuPolicy,
+) -> CpuPriority {
+    let reading = last_read + p.busy > now;
+    if now < open_until && !reading {
+        CpuPriority::Normal
+    } else {
+        p.priority
+    }
+}
+
+/// Threads doing one background call's CPU work at a lowered priority, which a reader that
+/// starts waiting for that call raises back to normal at once — the frame being decoded too,
+/// not only the ones after it (under `SCHED_IDLE` on a node whose CPUs are busy, a decode
+/// already started would otherwise finish only when a CPU goes idle, and the reader with it).
+#[derive(Debug, Default)]
+pub struct Raisable {
+    state: parking_lot::Mutex<RaiseState>,
+}
+
+#[derive(Debug, Default)]
+struct RaiseState {
+    raised: bool,
+    threads: Vec<libc::pid_t>,
+}
+
+impl Raisable {
+    /// True once [`Self::raise`] was called.
+    pub fn raised(&self) -> bool {
+        self.state.lock().raised
+    }
+
+    /// Runs `f` on the calling thread at `p` (normal once raised, also while `f` runs).
+    pub fn run<T>(&self, p: CpuPriority, f: impl FnOnce() -> T) -> T {
+        let tid = nix::unistd::gettid().as_raw();
+        let low = {
+            // Lowered under the lock: a raise either sees this thread or came before.
+            let mut st = self.state.lock();
+            if st.raised || p == CpuPriority::Normal {
+                None
+            } else {
+                st.threads.push(tid);
+                Some(Lowered::enter(p))
+            }
+        };
+        let out = f();
+        if low.is_some() {
+            self.state.lock().threads.retain(|t| *t != tid);
+        }
+        drop(low); // normal again (a no-op if raised meanwhile)
+        out
+    }
+
+    /// From now on this call's work runs at normal priority, the threads doing it now too.
+    pub fn raise(&self) {
+        let mut st = self.state.lock();
+        st.raised = true;
+        for tid in &st.threads {
+            if let Err(e) = set_thread(*tid, CpuPriority::Normal) {
+                warn_once(&e);
+            }
+        }
+    }
 }
 
 /// The calling thread at a priority for a scope; normal again on drop. A failure is logged
@@ -377,6 +469,77 @@ mod tests {
         // Shares are capped at 90%: the fill still pauses a tenth of the time.
         p.min_share = 100;
         assert_eq!(busy_window(&p), MS(54_000));
+    }
+
+    #[test]
+    fn the_fill_window_decodes_at_normal_priority() {
+        let p = CpuPolicy::default();
+        assert_eq!(p.priority, CpuPriority::Idle);
+        // In the window, the last read long ago (busy CPUs only): normal.
+        assert_eq!(
+            background_priority(MS(10_000), MS(11_000), MS(1000), &p),
+            CpuPriority::Normal
+        );
+        // In the window while a container reads through weenv (a cold start): the policy's.
+        assert_eq!(
+            background_priority(MS(10_000), MS(11_000), MS(9800), &p),
+            CpuPriority::Idle
+        );
+        // Exactly `busy` after the last read: not reading any more.
+        assert_eq!(
+            background_priority(MS(10_000), MS(11_000), MS(9500), &p),
+            CpuPriority::Normal
+        );
+        // Outside the window: the policy's.
+        assert_eq!(
+            background_priority(MS(11_000), MS(11_000), MS(0), &p),
+            CpuPriority::Idle
+        );
+        let low = CpuPolicy {
+            priority: CpuPriority::Low,
+            ..p
+        };
+        assert_eq!(
+            background_priority(MS(5000), MS(0), MS(0), &low),
+            CpuPriority::Low
+        );
+    }
+
+    #[test]
+    fn a_raise_returns_a_running_decode_to_normal_priority() {
+        let root = nix::unistd::geteuid().is_root();
+        let r = std::sync::Arc::new(Raisable::default());
+        let (started_tx, started_rx) = std::sync::mpsc::channel();
+        let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+        let r2 = r.clone();
+        let t = std::thread::spawn(move || {
+            r2.run(CpuPriority::Idle, || {
+                // SAFETY: pid 0 = the calling thread.
+                let before = unsafe { libc::sched_getscheduler(0) };
+                started_tx.send(before).unwrap(); // ok: test code
+                go_rx.recv().unwrap(); // ok: test code
+                                       // SAFETY: as above.
+                unsafe { libc::sched_getscheduler(0) }
+            })
+        });
+        assert_eq!(started_rx.recv().unwrap(), libc::SCHED_IDLE); // ok: test code
+        r.raise();
+        go_tx.send(()).unwrap(); // ok: test code
+        let after = t.join().unwrap(); // ok: test code
+        if root {
+            assert_eq!(after, libc::SCHED_OTHER, "raised while it ran");
+        }
+        assert!(r.raised());
+        // After a raise, new work runs at normal priority from the start.
+        let now = std::thread::spawn(move || {
+            r.run(CpuPriority::Idle, || {
+                // SAFETY: pid 0 = the calling thread.
+                unsafe { libc::sched_getscheduler(0) }
+            })
+        })
+        .join()
+        .unwrap(); // ok: test code
+        assert_eq!(now, libc::SCHED_OTHER);
     }
 
     #[test]

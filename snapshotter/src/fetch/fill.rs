@@ -358,9 +358,10 @@ pub async fn run_fill(
     if failed == 0 {
         if let Some(f) = after {
             // The completion check and native tree read and write the whole layer: after the
-            // containers' reads, at background priority.
+            // containers' reads, at background priority (normal if the node stayed busy and
+            // this is the fill's window: under SCHED_IDLE it would never finish there).
             store.wait_not_busy().await;
-            let cpu = store.cpu_policy().priority;
+            let cpu = store.background_priority();
             let low = move || {
                 let _low = super::cpu::Lowered::enter(cpu);
                 f();

@@ -24,7 +24,9 @@
 //!   (verified against the TOC by the tier) are cached like fetched ones, the rest are fetched
 //!   from the source as above.
 
-use super::cpu::{busy_step, BusyStep, CpuPolicy, CpuPriority, Lowered};
+use super::cpu::{
+    background_priority, busy_step, BusyStep, CpuPolicy, CpuPriority, Lowered, Raisable,
+};
 use super::link::{Class, LinkPolicy, LinkScheduler, Promotion};
 use super::plan::{plan_fetch, PlanLimits, RangeRequest};
 use super::single_flight::{publish, Claim, Claims, Fetched, Joined, SingleFlight, Slot};
@@ -75,6 +77,8 @@ pub struct FrameStore {
     /// Milliseconds after `started` of the last sign that the node's containers are busy: a
     /// FUSE read, or a CPU interval other processes kept busy.
     last_busy_ms: AtomicU64,
+    /// Milliseconds after `started` of the last FUSE read (containers reading lazy layers).
+    last_read_ms: AtomicU64,
     /// Milliseconds after `started` until which fill requests go unpaused (a pause reached
     /// its maximum: the fill's minimum share, see [`busy_step`]).
     open_until_ms: AtomicU64,
@@ -150,16 +154,18 @@ impl Verify for FrameCheck<'_> {
             if known {
                 continue;
             }
-            // Background work decodes at low priority until a reader waits for it.
+            // Background work decodes at low priority until a reader waits for it (which
+            // raises the decode running then too), at normal inside the fill's window.
             let cpu = match (self.prio, self.promotion) {
                 (Priority::Fill | Priority::Prefetch, p) if !p.is_some_and(Promotion::promoted) => {
-                    self.store.cpu.priority
+                    self.store.background_priority()
                 }
                 _ => CpuPriority::Normal,
             };
+            let raise = self.promotion.map(Promotion::decoders);
             let res = self
                 .store
-                .verify_and_cache(f, bytes, range.offset, self.prio, cpu)
+                .verify_and_cache(f, bytes, range.offset, self.prio, (cpu, raise))
                 .await;
             let mut st = self.state.lock();
             match res {
@@ -218,6 +224,7 @@ impl FrameStore {
             link: LinkScheduler::new(LinkPolicy::default()),
             cpu: CpuPolicy::default(),
             last_busy_ms: AtomicU64::new(0),
+            last_read_ms: AtomicU64::new(0),
             open_until_ms: AtomicU64::new(0),
             last_log: LogLimit::default(),
             started: Instant::now(),
@@ -256,6 +263,8 @@ impl FrameStore {
 
     /// A FUSE read came now (the fill pauses while they keep coming).
     pub fn note_read(&self) {
+        let now = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.last_read_ms.fetch_max(now, Ordering::Relaxed);
         self.note_busy();
     }
 
@@ -271,6 +280,14 @@ impl FrameStore {
     fn note_busy(&self) {
         let now = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
         self.last_busy_ms.fetch_max(now, Ordering::Relaxed);
+    }
+
+    /// The priority of background decodes now (normal inside the fill's unpaused window,
+    /// see [`super::cpu::background_priority`]).
+    pub fn background_priority(&self) -> CpuPriority {
+        let open = Duration::from_millis(self.open_until_ms.load(Ordering::Relaxed));
+        let read = Duration::from_millis(self.last_read_ms.load(Ordering::Relaxed));
+        background_priority(self.started.elapsed(), open, read, &self.cpu)
     }
 
     /// Waits while the node's containers read through weenv or keep its CPUs busy, but
@@ -789,7 +806,7 @@ impl FrameStore {
         blob: &Bytes,
         base: u64,
         prio: Priority,
-        cpu: CpuPriority,
+        (cpu, raise): (CpuPriority, Option<Arc<Raisable>>),
     ) -> Result<Bytes, Unverified> {
         let start = usize::try_from(f.offset.saturating_sub(base)).unwrap_or(usize::MAX);
         let end = start.saturating_add(usize::try_from(f.clen).unwrap_or(usize::MAX));
@@ -802,14 +819,23 @@ impl FrameStore {
         let compressed = blob.slice_ref(compressed);
         let (frame, l2) = (f.clone(), self.l2.clone());
         let decoded = tokio::task::spawn_blocking(move || {
-            let _low = Lowered::enter(cpu);
-            let b = weenv_format::frame::decode_frame(&frame, &compressed)
-                .map(Bytes::from)
-                .map_err(|e| e.to_string())?;
-            if let Err(e) = l2.put(&frame.digest, &b) {
-                tracing::warn!(error = %e, "could not write frame to the disk cache");
+            let work = || {
+                let b = weenv_format::frame::decode_frame(&frame, &compressed)
+                    .map(Bytes::from)
+                    .map_err(|e| e.to_string())?;
+                if let Err(e) = l2.put(&frame.digest, &b) {
+                    tracing::warn!(error = %e, "could not write frame to the disk cache");
+                }
+                Ok(b)
+            };
+            match raise {
+                // A reader that starts waiting for this call raises this thread too.
+                Some(r) => r.run(cpu, work),
+                None => {
+                    let _low = Lowered::enter(cpu);
+                    work()
+                }
             }
-            Ok(b)
         })
         .await
         .map_err(|e| Failed(FetchError::Stopped(e.to_string())))?;

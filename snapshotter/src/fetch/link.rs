@@ -36,10 +36,12 @@
 //! [`LinkScheduler`] is the async shell: waiters pump the queue themselves (on every change
 //! and when a quiet time ends), permits release on drop (also when a waiter is cancelled).
 
+use super::cpu::Raisable;
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap};
 use std::hash::Hash;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 use weenv_format::Digest;
@@ -393,6 +395,8 @@ impl<K: Eq + Hash + Clone> Carve<K> {
 pub struct Promotion {
     raised: AtomicBool,
     carve: Mutex<Carve<Digest>>,
+    /// The threads decoding this call's frames at a lowered priority (raised with it).
+    decoders: Arc<Raisable>,
 }
 
 impl Promotion {
@@ -401,9 +405,19 @@ impl Promotion {
         self.raised.load(Ordering::Relaxed)
     }
 
-    /// A reader waits for a frame this call is sending. True the first time.
+    /// A reader waits for a frame this call is sending: the rest of the call, and the
+    /// decodes running now, go at normal priority. True the first time.
     pub fn raise(&self) -> bool {
-        !self.raised.swap(true, Ordering::Relaxed)
+        let first = !self.raised.swap(true, Ordering::Relaxed);
+        if first {
+            self.decoders.raise();
+        }
+        first
+    }
+
+    /// Where this call's lowered decodes register (see [`Raisable::run`]).
+    pub fn decoders(&self) -> Arc<Raisable> {
+        self.decoders.clone()
     }
 
     /// See [`Carve::queue`].
