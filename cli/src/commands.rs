@@ -92,7 +92,8 @@ pub enum Cmd {
 /// Arguments of `weenv run`.
 #[derive(clap::Args, Debug)]
 pub struct RunArgs {
-    /// Plan file (TOML).
+    /// Plan file (TOML), or a plan reference (`weenv-convert plan publish`) fetched from its
+    /// registry when no file of that name exists.
     pub plan: PathBuf,
     /// Name of the composed image in containerd, a reference (a `blob =` patch is read from
     /// its repository). Nothing is pushed there unless --publish.

@@ -429,7 +429,9 @@ impl Service {
         let now = unix_now();
         let (plan_input, source_text) = match &source {
             env_spec::Source::PlanPath(p) => {
-                (Some(PlanInput::load(Path::new(p))?), format!("plan {p}"))
+                // A plan file on the node, or a plan reference (fetched like `weenv run`).
+                let input = PlanInput::from_arg(&self.registry, Path::new(p)).await?;
+                (Some(input), format!("plan {p}"))
             }
             env_spec::Source::PlanToml(t) => {
                 let plan = Plan::parse(t).map_err(|e| invalid(format!("plan_toml: {e}")))?;

@@ -304,6 +304,62 @@ fn ctr_pull_fails(ctd: &Containerd, hosts: &Path, ns: &str, plan: &str) -> Resul
     ))
 }
 
+/// `weenv run PLANREF`: the CLI fetches the plan artifact (no plan file on the node), composes
+/// it and runs it with the patched tree and the plan's config; nothing is written to the
+/// registry.
+async fn weenv_run_reference(e: &Env, ctd: &Containerd, plan: &str) -> Result<()> {
+    let out = e.tmp.path().join("weenv-run-out");
+    std::fs::create_dir_all(&out)?;
+    e.proxy.stats().clear();
+    let o = weenv_cli::run::RunOptions {
+        plan: plan.into(),
+        image: format!("{}/weenv/env:from-reference", e.host),
+        publish: false,
+        address: ctd.address().to_path_buf(),
+        namespace: ctd.namespace().to_string(),
+        snapshotter: "weenv".into(),
+        runtime: None,
+        id: Some("from-reference".into()),
+        mounts: vec![format!(
+            "type=bind,src={},dst=/out,options=rbind:rw",
+            out.display()
+        )],
+        limits: Default::default(),
+        cmd: vec![
+            "/bin/sh".into(),
+            "-c".into(),
+            format!("{{ {SHOW}; }} > /out/log 2>&1"),
+        ],
+        labels: Default::default(),
+        keep: false,
+        stdio: weenv_cli::run::stdio::StdioMode::Output,
+        cache_dir: e.tmp.path().join("resolve-cache"),
+        policy: Default::default(),
+        daemon: None,
+    };
+    let rep = weenv_cli::run::run_plan(&e.client, &o).await?;
+    ensure!(
+        rep.exit_code == 0,
+        "weenv run {plan}: exit {}",
+        rep.exit_code
+    );
+    let log = std::fs::read_to_string(out.join("log"))?;
+    check_output(&log)?;
+    ensure!(
+        registry_writes(&e.proxy).is_empty(),
+        "weenv run wrote to the registry: {:?}",
+        registry_writes(&e.proxy)
+    );
+    println!(
+        "weenv run of the plan reference: {} registry requests, layers (lazy, applied, present) \
+         {:?}; steps: {}",
+        e.proxy.stats().requests().len(),
+        rep.layers,
+        rep.timings.render()
+    );
+    Ok(())
+}
+
 async fn scenario(release: Release, label: &str) -> Result<()> {
     let e = setup().await?;
     let plans = format!("127.0.0.1:{}", free_port()?);
@@ -366,6 +422,10 @@ async fn scenario(release: Release, label: &str) -> Result<()> {
         e.proxy.stats().requests().len(),
         e.proxy.stats().bytes_served()
     );
+
+    if !is_v2 {
+        weenv_run_reference(&e, &ctd, &plan).await?;
+    }
 
     // Errors reach the client with the node's message.
     let err = ctr_pull_fails(

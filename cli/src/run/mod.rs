@@ -71,6 +71,8 @@ pub enum RunError {
     RootfsTask(String),
     #[error("task stdio: {0}")]
     Stdio(std::io::Error),
+    #[error("plan reference {reference}: {message}")]
+    PlanRef { reference: String, message: String },
     #[error("fetching the patch blob {digest}: {message}")]
     PatchBlob { digest: String, message: String },
     #[error("mutation failed, container {id} not created (its snapshot removed), nothing started: {error}")]
@@ -565,6 +567,62 @@ pub struct PlanInput {
 
 impl PlanInput {
     /// Read and parse the plan file `path` (relative patch paths: beside it).
+    /// `arg` as `weenv run` and the environment service take it: a plan file if one exists
+    /// at that path, otherwise a plan reference (`weenv-convert plan publish`) fetched from its
+    /// registry — the plan a pod's `image:` names runs the same way here.
+    pub async fn from_arg(client: &Client, arg: &Path) -> Result<PlanInput, RunError> {
+        let s = arg.to_string_lossy();
+        if arg.exists() || !looks_like_reference(&s) {
+            return PlanInput::load(arg);
+        }
+        PlanInput::fetch(client, &s).await
+    }
+
+    /// The plan of the plan artifact `reference` names: its config blob (the plan) and its
+    /// patch blob from the artifact's repository. An image that is not a plan artifact is an
+    /// error that says so (run it with `ctr run` / `weenv pull`).
+    pub async fn fetch(client: &Client, reference: &str) -> Result<PlanInput, RunError> {
+        let bad = |message: String| RunError::PlanRef {
+            reference: reference.to_string(),
+            message,
+        };
+        let r = parse_ref(reference)?;
+        let m = client
+            .get_manifest(&r)
+            .await
+            .map_err(|e| bad(format!("fetching the manifest: {e}")))?;
+        let artifact = weenv_env::group::parse_manifest(&m.bytes)
+            .map_err(|e| bad(format!("not an OCI manifest: {e}")))?;
+        if !weenv_env::plan_ref::is_plan(&artifact) {
+            return Err(bad(format!(
+                "not a plan artifact (config media type {:?}); publish one with `weenv-convert \
+                 plan publish`, or run an image with `ctr run`",
+                artifact.config.media_type
+            )));
+        }
+        let config = client
+            .get_blob(&r, &artifact.config.digest)
+            .await
+            .map_err(|e| bad(format!("fetching the plan config: {e}")))?;
+        let (plan, patch) = weenv_env::plan_ref::parse_plan_config(&artifact, &config)
+            .map_err(|e| bad(e.to_string()))?;
+        let patch = match patch {
+            Some(d) => Some(
+                client
+                    .get_blob(&r, &d.digest)
+                    .await
+                    .map_err(|e| bad(format!("fetching the patch: {e}")))?
+                    .to_vec(),
+            ),
+            None => None,
+        };
+        Ok(PlanInput {
+            plan,
+            dir: PathBuf::from("."),
+            patch,
+        })
+    }
+
     pub fn load(path: &Path) -> Result<PlanInput, RunError> {
         let text = std::fs::read_to_string(path).map_err(|source| RunError::Read {
             path: path.to_path_buf(),
@@ -582,6 +640,18 @@ impl PlanInput {
     }
 }
 
+/// True if `s` reads as an image reference rather than a file name: a registry host (with a
+/// dot or a port, or `localhost`) before the first `/` (pure).
+pub fn looks_like_reference(s: &str) -> bool {
+    let Some((host, rest)) = s.split_once('/') else {
+        return false;
+    };
+    !rest.is_empty()
+        && !s.ends_with(".toml")
+        && (host.contains('.') || host.contains(':') || host == "localhost")
+        && !host.starts_with('.')
+}
+
 /// Resolve the plan's groups, compose them on this node (content store + image record, no
 /// registry write unless `o.publish`), prepare the layers, create the container with the
 /// at-init mutation applied and start its task. The library call of `weenv run` (the plan
@@ -592,7 +662,7 @@ pub async fn compose_and_start(
     o: &RunOptions,
     tm: &mut Timings,
 ) -> Result<Started, RunError> {
-    let input = PlanInput::load(&o.plan)?;
+    let input = PlanInput::from_arg(client, &o.plan).await?;
     compose_and_start_plan(client, ch, o, &input, None, tm).await
 }
 
@@ -871,4 +941,31 @@ pub async fn run_plan(client: &Client, o: &RunOptions) -> Result<RunReport, RunE
     report.mutation_ms = timings.ms(&[Step::Mutate]);
     report.timings = timings;
     Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::looks_like_reference;
+
+    #[test]
+    fn plan_arguments_are_files_unless_they_name_a_registry() {
+        for r in [
+            "registry.example.com/weenv/plans:flask-4711",
+            "127.0.0.1:5000/plans:t1",
+            "localhost/plans@sha256:0000",
+        ] {
+            assert!(looks_like_reference(r), "{r}");
+        }
+        for f in [
+            "plan.toml",
+            "plans/flask.toml",
+            "./plans/x",
+            "../x/y",
+            "/abs/plan",
+            "dir.d/plan.toml",
+            "host.example.com/",
+        ] {
+            assert!(!looks_like_reference(f), "{f}");
+        }
+    }
 }
