@@ -44,15 +44,6 @@ const KNOWN: &[(&str, &str)] = &[
         "the weenv shim's Stats reports cpu, memory usage/limit and pids, not every cgroup \
          counter runc's shim reports (kernel memory, swap, OOM events, threads)",
     ),
-    (
-        "recursive readonly mount",
-        "runtime handler features: containerd learns them from runc's shim only (`runc \
-         features`); the weenv shim does not answer containerd's `-info` yet, so critest skips",
-    ),
-    (
-        "UserNamespaces",
-        "runtime handler features (user namespaces): as above, not advertised by the weenv shim",
-    ),
 ];
 
 #[tokio::test(flavor = "multi_thread")]

@@ -16,6 +16,7 @@ pub mod bootstrap;
 pub mod cgroup;
 pub mod config;
 pub mod error;
+pub mod info;
 pub mod io;
 pub mod ledger;
 pub mod logging;
