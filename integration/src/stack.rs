@@ -3,7 +3,7 @@
 //! ([`crate::daemon`]) with plain HTTP to it, and a containerd that uses the daemon as its
 //! `weenv` proxy snapshotter. [`Stack::push_converted`] pushes a test image and converts it.
 //!
-//! ```ignore
+//! ```text
 //! let s = Stack::builder().proxy().start()?;
 //! let img = s.push_converted(&images::busybox()?, "busybox").await?;
 //! s.daemon.pull(s.ctd.address(), "lazy", &img.weenv)?;
