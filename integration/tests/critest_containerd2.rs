@@ -41,8 +41,8 @@ const KNOWN: &[(&str, &str)] = &[
     ),
     (
         "should support listing pod sandbox metrics",
-        "the weenv shim's Stats reports cpu, memory usage/limit and pids, not every cgroup \
-         counter runc's shim reports (kernel memory, swap, OOM events, threads)",
+        "the weenv shim's Stats reports cpu and memory usage/limit, not every cgroup counter \
+         runc's shim reports (kernel memory, swap, OOM events, processes, threads)",
     ),
 ];
 
