@@ -32,19 +32,12 @@ const HTTPD: &str = "registry.k8s.io/e2e-test-images/httpd:2.4.39-4";
 
 /// Specs the weenv run may fail or skip although the control passes, each for a reason that is
 /// weenv's by design or not done yet (docs/kubernetes.md, "critest"): (spec substring, reason).
-const KNOWN: &[(&str, &str)] = &[
-    (
-        "should terminate with exitCode 137 and reason OOMKilled",
-        "elastic memory: the weenv shim raises a container's memory limit under pressure instead \
+const KNOWN: &[(&str, &str)] = &[(
+    "should terminate with exitCode 137 and reason OOMKilled",
+    "elastic memory: the weenv shim raises a container's memory limit under pressure instead \
          of letting the kernel OOM-kill it; at its top tier it ends the task with exit 247 and \
          the shim's reason",
-    ),
-    (
-        "should support listing pod sandbox metrics",
-        "the weenv shim's Stats reports cpu and memory usage/limit, not every cgroup counter \
-         runc's shim reports (kernel memory, swap, OOM events, processes, threads)",
-    ),
-];
+)];
 
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs root, fuse, docker-registry, skopeo, umoci, ip, nsenter and scripts/go-tools.sh (containerd 2.x, runc, critest, CNI plugins)"]

@@ -21,6 +21,7 @@ pub enum StatsError {
 pub fn metrics_any(io: &dyn CgroupIo) -> Result<Any, StatsError> {
     let s = io.sample(std::time::Duration::ZERO)?;
     let l = io.limits()?;
+    let x = io.stats_extra();
     let any = match io.version() {
         CgroupVersion::V1 => {
             let mut usage = m1::CPUUsage::new();
@@ -37,9 +38,32 @@ pub fn metrics_any(io: &dyn CgroupIo) -> Result<Any, StatsError> {
             entry.failcnt = s.mem_pressure_events;
             let mut mem = m1::MemoryStat::new();
             mem.usage = Some(entry).into();
+            let usage_entry = |u: u64| {
+                let mut e = m1::MemoryEntry::new();
+                e.usage = u;
+                e
+            };
+            mem.kernel = x.kernel_bytes.map(usage_entry).into();
+            mem.swap = x.swap_bytes.map(usage_entry).into();
             let mut met = m1::Metrics::new();
             met.cpu = Some(cpu).into();
             met.memory = Some(mem).into();
+            met.memory_oom_control = x
+                .oom_kills
+                .map(|n| {
+                    let mut o = m1::MemoryOomControl::new();
+                    o.oom_kill = n;
+                    o
+                })
+                .into();
+            met.pids = x
+                .processes
+                .map(|n| {
+                    let mut p = m1::PidsStat::new();
+                    p.current = x.threads.unwrap_or(n);
+                    p
+                })
+                .into();
             convert_to_any(Box::new(met))
         }
         CgroupVersion::V2 => {
@@ -50,9 +74,27 @@ pub fn metrics_any(io: &dyn CgroupIo) -> Result<Any, StatsError> {
             let mut mem = m2::MemoryStat::new();
             mem.usage = s.mem_usage;
             mem.usage_limit = l.memory.unwrap_or(u64::MAX);
+            mem.kernel_stack = x.kernel_bytes.unwrap_or(0);
+            mem.swap_usage = x.swap_bytes.unwrap_or(0);
             let mut met = m2::Metrics::new();
             met.cpu = Some(cpu).into();
             met.memory = Some(mem).into();
+            met.memory_events = x
+                .oom_kills
+                .map(|n| {
+                    let mut e = m2::MemoryEvents::new();
+                    e.oom_kill = n;
+                    e
+                })
+                .into();
+            met.pids = x
+                .processes
+                .map(|n| {
+                    let mut p = m2::PidsStat::new();
+                    p.current = x.threads.unwrap_or(n);
+                    p
+                })
+                .into();
             convert_to_any(Box::new(met))
         }
     };

@@ -99,6 +99,34 @@ pub enum CgroupWrite {
     OomKillDisable(bool),
 }
 
+/// Counters reported to containerd's `Stats` only (not sampled by the monitor); each `None`
+/// when the kernel does not offer it here.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StatsExtra {
+    /// Kernel memory charged to the cgroup (v1 `memory.kmem.usage_in_bytes`, v2
+    /// `memory.stat` `kernel`, else `kernel_stack`).
+    pub kernel_bytes: Option<u64>,
+    /// Swap in use (v1 `memsw` usage minus memory usage, v2 `memory.swap.current`).
+    pub swap_bytes: Option<u64>,
+    /// OOM kills in the cgroup (v1 `memory.oom_control` `oom_kill`, v2 `memory.events`).
+    pub oom_kills: Option<u64>,
+    /// Processes and threads (`cgroup.procs`, v1 `tasks` / v2 `cgroup.threads` lines).
+    pub processes: Option<u64>,
+    pub threads: Option<u64>,
+}
+
+/// Lines of a cgroup list file (`cgroup.procs`, `tasks`); `None` if it cannot be read.
+pub(crate) fn count_lines(path: &Path) -> Option<u64> {
+    std::fs::read_to_string(path)
+        .ok()
+        .map(|s| s.lines().filter(|l| !l.trim().is_empty()).count() as u64)
+}
+
+/// A `u64` file; `None` if it is missing or not a number.
+pub(crate) fn read_u64_opt(path: &Path) -> Option<u64> {
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
 /// Reads and writes one container's cgroup.
 pub trait CgroupIo: Send + Sync {
     fn version(&self) -> CgroupVersion;
@@ -106,6 +134,10 @@ pub trait CgroupIo: Send + Sync {
     fn sample(&self, at: Duration) -> Result<Sample, CgroupError>;
     fn limits(&self) -> Result<Limits, CgroupError>;
     fn write(&self, write: &CgroupWrite) -> Result<(), CgroupError>;
+    /// The counters only `Stats` reports (read on demand, not per sample).
+    fn stats_extra(&self) -> StatsExtra {
+        StatsExtra::default()
+    }
 }
 
 /// A fixed set of cgroup files kept open and re-read with `pread(0)` into one reused

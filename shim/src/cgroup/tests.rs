@@ -194,3 +194,58 @@ fn detect_prefers_v1_memory_and_falls_back_to_unified() -> TestResult {
     assert!(detect(1, "1:name=systemd:/\n", "").is_err());
     Ok(())
 }
+
+#[test]
+fn stats_extra_reads_what_each_version_offers() -> TestResult {
+    let t = tempfile::tempdir()?;
+    let io = fake_v1(t.path());
+    // Without kmem, memsw usage, procs and tasks: only the OOM kills.
+    assert_eq!(
+        io.stats_extra(),
+        StatsExtra {
+            oom_kills: Some(2),
+            ..Default::default()
+        }
+    );
+    let mem = t.path().join("memory");
+    put(&mem, "memory.kmem.usage_in_bytes", "4096\n");
+    put(&mem, "memory.memsw.usage_in_bytes", "41947136\n");
+    put(&mem, "cgroup.procs", "10\n11\n");
+    put(&mem, "tasks", "10\n11\n12\n");
+    assert_eq!(
+        io.stats_extra(),
+        StatsExtra {
+            kernel_bytes: Some(4096),
+            swap_bytes: Some(4096),
+            oom_kills: Some(2),
+            processes: Some(2),
+            threads: Some(3),
+        }
+    );
+
+    let d = t.path().join("v2");
+    put(&d, "memory.stat", "anon 1\nkernel_stack 16384\n");
+    put(&d, "memory.swap.current", "0\n");
+    put(
+        &d,
+        "memory.events",
+        "low 0\nhigh 2\nmax 3\noom 1\noom_kill 1\n",
+    );
+    put(&d, "cgroup.procs", "7\n");
+    put(&d, "cgroup.threads", "7\n8\n");
+    let io = v2::V2::new(d.clone());
+    assert_eq!(
+        io.stats_extra(),
+        StatsExtra {
+            kernel_bytes: Some(16384),
+            swap_bytes: Some(0),
+            oom_kills: Some(1),
+            processes: Some(1),
+            threads: Some(2),
+        }
+    );
+    // `kernel` (newer kernels) wins over `kernel_stack`.
+    put(&d, "memory.stat", "kernel 65536\nkernel_stack 16384\n");
+    assert_eq!(io.stats_extra().kernel_bytes, Some(65536));
+    Ok(())
+}

@@ -7,8 +7,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::{
-    keyed, limit_or_none, parse_u64, read, read_u64, write_file, CgroupError, CgroupIo,
-    CgroupVersion, CgroupWrite, CpuMax, Files, Limits,
+    count_lines, keyed, limit_or_none, parse_u64, read, read_u64, read_u64_opt, write_file,
+    CgroupError, CgroupIo, CgroupVersion, CgroupWrite, CpuMax, Files, Limits, StatsExtra,
 };
 use crate::policy::Sample;
 
@@ -137,6 +137,21 @@ impl CgroupIo for V1 {
                 write: w.clone(),
                 version: "v1",
             }),
+        }
+    }
+
+    fn stats_extra(&self) -> StatsExtra {
+        let m = &self.memory;
+        let usage = read_u64_opt(&m.join("memory.usage_in_bytes"));
+        let memsw = read_u64_opt(&m.join("memory.memsw.usage_in_bytes"));
+        StatsExtra {
+            kernel_bytes: read_u64_opt(&m.join("memory.kmem.usage_in_bytes")),
+            swap_bytes: memsw.zip(usage).map(|(sw, u)| sw.saturating_sub(u)),
+            oom_kills: std::fs::read_to_string(m.join("memory.oom_control"))
+                .ok()
+                .and_then(|c| keyed(&c, "oom_kill")),
+            processes: count_lines(&m.join("cgroup.procs")),
+            threads: count_lines(&m.join("tasks")),
         }
     }
 }

@@ -7,8 +7,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::{
-    keyed, read, write_file, CgroupError, CgroupIo, CgroupVersion, CgroupWrite, CpuMax, Files,
-    Limits,
+    count_lines, keyed, read, read_u64_opt, write_file, CgroupError, CgroupIo, CgroupVersion,
+    CgroupWrite, CpuMax, Files, Limits, StatsExtra,
 };
 use crate::policy::Sample;
 
@@ -139,6 +139,22 @@ impl CgroupIo for V2 {
                     version: "v2",
                 })
             }
+        }
+    }
+
+    fn stats_extra(&self) -> StatsExtra {
+        let d = &self.dir;
+        let stat = std::fs::read_to_string(d.join("memory.stat")).ok();
+        StatsExtra {
+            kernel_bytes: stat
+                .as_deref()
+                .and_then(|c| keyed(c, "kernel").or_else(|| keyed(c, "kernel_stack"))),
+            swap_bytes: read_u64_opt(&d.join("memory.swap.current")),
+            oom_kills: std::fs::read_to_string(d.join("memory.events"))
+                .ok()
+                .and_then(|c| keyed(&c, "oom_kill")),
+            processes: count_lines(&d.join("cgroup.procs")),
+            threads: count_lines(&d.join("cgroup.threads")),
         }
     }
 }
