@@ -128,6 +128,19 @@ fn python_sdk_against_a_real_service() -> Result<()> {
             serde_json::to_string(&groups)?
         ),
     )?;
+    // The same plan published as a plan artifact: the service fetches it by reference.
+    let plan_ref = format!("{host}/weenv/plans:envd");
+    let o = Command::new(workspace_bin("weenv-convert")?)
+        .args(["--plain-http", &host, "plan", "publish"])
+        .arg(&plan)
+        .args(["--to", &plan_ref, "--cache-dir"])
+        .arg(tmp.path().join("publish-cache"))
+        .output()?;
+    ensure!(
+        o.status.success(),
+        "weenv-convert plan publish: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     let status_dir = tmp.path().join("shim-status");
     let ledger_dir = tmp.path().join("shim-ledger");
     let path = |p: &Path| p.display().to_string();
@@ -188,6 +201,7 @@ fn python_sdk_against_a_real_service() -> Result<()> {
             .env("PYTHONPATH", python.join("src"))
             .env("WEENV_ENVD_ADDRESS", format!("unix://{}", sock.display()))
             .env("WEENV_TEST_PLAN", &plan)
+            .env("WEENV_TEST_PLAN_REF", &plan_ref)
             .env("WEENV_TEST_GROUPS", serde_json::to_string(&groups)?)
             .env("PATH", &path_var)
             .status();
@@ -214,6 +228,7 @@ fn python_sdk_against_a_real_service() -> Result<()> {
         .env("PYTHONPATH", python.join("src"))
         .env("WEENV_TEST_ENVD_CMD", serde_json::to_string(&cmd)?)
         .env("WEENV_TEST_PLAN", &plan)
+        .env("WEENV_TEST_PLAN_REF", &plan_ref)
         .env("WEENV_TEST_GROUPS", serde_json::to_string(&groups)?)
         .env("WEENV_TEST_IMAGE", format!("{host}/src/busybox:1"))
         .env(

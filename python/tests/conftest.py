@@ -5,7 +5,8 @@ shim, published groups and a plan), handed over in environment variables:
 - ``WEENV_TEST_ENVD_CMD``: JSON argv of ``weenv-envd`` (the fixture adds ``--socket``), so
   the tests can restart the service; or ``WEENV_ENVD_ADDRESS`` of a running one (restart
   tests are then skipped);
-- ``WEENV_TEST_PLAN`` (plan file), ``WEENV_TEST_GROUPS`` (JSON list), ``WEENV_TEST_IMAGE``
+- ``WEENV_TEST_PLAN`` (plan file), ``WEENV_TEST_PLAN_REF`` (the same plan published as a
+  plan artifact), ``WEENV_TEST_GROUPS`` (JSON list), ``WEENV_TEST_IMAGE``
   (an ordinary image), ``WEENV_TEST_CTR`` (JSON argv prefix of ``ctr -a SOCK -n NS``),
   ``WEENV_TEST_LEDGER`` (the shim's ledger dir).
 """
@@ -192,6 +193,14 @@ def plan() -> str:
     if not p:
         pytest.skip("WEENV_TEST_PLAN not set")
     return p
+
+
+@pytest.fixture
+def plan_ref() -> str:
+    r = os.environ.get("WEENV_TEST_PLAN_REF")
+    if not r:
+        pytest.skip("WEENV_TEST_PLAN_REF not set")
+    return r
 
 
 @pytest.fixture

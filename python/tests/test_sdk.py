@@ -59,6 +59,14 @@ def test_create_from_plan_with_task_patch_then_exec(client: Client, plan: str) -
     assert env.id not in [e.id for e in client.list()]
 
 
+def test_create_from_a_plan_reference(client: Client, plan_ref: str) -> None:
+    # No plan file on the node: the service fetches the published plan artifact.
+    with Environment.create(plan_ref, task=PATCH, task_root="/src/repo", client=client) as env:
+        assert env.info.state == "running"
+        r = env.exec(["cat", "/src/repo/app.py"])
+        assert r.exit_code == 0 and b"return 41" in r.stdout, r
+
+
 def test_exec_argv_shell_cwd_env_stdin_exit_code(client: Client, groups: list[str]) -> None:
     with client.create(EnvSpec(groups=groups, env={"GLOBAL": "g"})) as env:
         r = env.exec("echo out; echo err >&2; exit 3")
