@@ -93,6 +93,10 @@ pub enum Release {
     /// `bin_dir` holds `containerd`, `ctr` and `containerd-shim-runc-v2` (put on containerd's
     /// `PATH` before the system's), `runc` is the runc its runc runtime execs. Config version 3.
     V2 { bin_dir: PathBuf, runc: PathBuf },
+    /// containerd 1.7 built by `scripts/go-tools.sh` (`WEENV_GO_TOOLS_ONLY=containerd17`): its
+    /// `containerd` binary with Debian's `ctr`, runc shim and runc (1.7 speaks the same APIs),
+    /// config version 2 as 1.6.
+    V17 { containerd: PathBuf },
 }
 
 impl Release {
@@ -101,19 +105,20 @@ impl Release {
         match self {
             Release::Debian => PathBuf::from("containerd"),
             Release::V2 { bin_dir, .. } => bin_dir.join("containerd"),
+            Release::V17 { containerd } => containerd.clone(),
         }
     }
     /// The `ctr` binary of the same release.
     pub fn ctr(&self) -> PathBuf {
         match self {
-            Release::Debian => PathBuf::from("ctr"),
+            Release::Debian | Release::V17 { .. } => PathBuf::from("ctr"),
             Release::V2 { bin_dir, .. } => bin_dir.join("ctr"),
         }
     }
     /// The config file's `version`.
     pub fn config_version(&self) -> u32 {
         match self {
-            Release::Debian => 2,
+            Release::Debian | Release::V17 { .. } => 2,
             Release::V2 { .. } => 3,
         }
     }
@@ -134,7 +139,7 @@ pub fn base_config(
     let socket = base.join("containerd.sock");
     let disabled = match (cri, release) {
         (true, _) => "",
-        (false, Release::Debian) => "\"io.containerd.grpc.v1.cri\"",
+        (false, Release::Debian | Release::V17 { .. }) => "\"io.containerd.grpc.v1.cri\"",
         (false, Release::V2 { .. }) => {
             "\"io.containerd.grpc.v1.cri\", \"io.containerd.cri.v1.images\", \"io.containerd.cri.v1.runtime\""
         }
@@ -210,7 +215,7 @@ impl Containerd {
         );
         if let Some(cri) = &opts.cri {
             cfg.push_str(&match &opts.release {
-                Release::Debian => cri.config_toml(base)?,
+                Release::Debian | Release::V17 { .. } => cri.config_toml(base)?,
                 Release::V2 { runc, .. } => cri.config_toml_v3(base, runc)?,
             });
         }
@@ -510,7 +515,7 @@ impl Drop for Containerd {
         for (ns, id) in leftovers {
             let runc = match &self.release {
                 Release::V2 { runc, .. } => runc.clone(),
-                Release::Debian => PathBuf::from("runc"),
+                Release::Debian | Release::V17 { .. } => PathBuf::from("runc"),
             };
             let _ = Command::new(runc)
                 .args(["--root", &format!("/run/containerd/runc/{ns}")])

@@ -136,6 +136,13 @@ impl GoTools {
         Ok(p)
     }
 
+    /// containerd 1.7 ([`crate::containerd::Release::V17`]), if built.
+    pub fn containerd17(&self) -> Result<crate::containerd::Release> {
+        Ok(crate::containerd::Release::V17 {
+            containerd: self.bin("containerd17", "containerd")?,
+        })
+    }
+
     /// containerd 2.x: its binaries' dir (`containerd`, `ctr`, `containerd-shim-runc-v2`) and
     /// the runc it runs.
     pub fn containerd2(&self) -> Result<crate::containerd::Release> {

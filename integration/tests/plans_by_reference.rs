@@ -398,6 +398,10 @@ async fn scenario(release: Release, label: &str) -> Result<()> {
         ..Default::default()
     })?;
     d.use_containerd(&ctd)?;
+    if let Release::V17 { .. } = release {
+        let v = ctd.ctr_ok(&["version"])?;
+        ensure!(v.contains("1.7."), "not containerd 1.7:\n{v}");
+    }
 
     e.proxy.stats().clear();
     let (out, pulled, total) = ctr_pull_run(&ctd, &hosts, "p1", &plan)
@@ -557,4 +561,20 @@ async fn plan_reference_runs_on_containerd_2_with_ctr_nerdctl_and_crictl() -> Re
         return Ok(());
     };
     scenario(tools.containerd2()?, "containerd 2.x").await
+}
+
+/// containerd 1.7 (the optional `containerd17` of `scripts/go-tools.sh`, which CI does not
+/// build): the 1.6 scenario on 1.7's daemon. Skipped, and says so, when it is not built:
+/// `WEENV_GO_TOOLS_ONLY=containerd17 scripts/go-tools.sh` builds it.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs root, fuse, docker-registry, skopeo, umoci and containerd17 from scripts/go-tools.sh"]
+async fn plan_reference_runs_on_containerd_1_7() -> Result<()> {
+    let release = match gotools::GoTools::find().and_then(|t| t.containerd17()) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("plan_reference_runs_on_containerd_1_7: SKIPPED (optional tool): {e:#}");
+            return Ok(());
+        }
+    };
+    scenario(release, "containerd 1.7").await
 }
