@@ -563,18 +563,13 @@ async fn plan_reference_runs_on_containerd_2_with_ctr_nerdctl_and_crictl() -> Re
     scenario(tools.containerd2()?, "containerd 2.x").await
 }
 
-/// containerd 1.7 (the optional `containerd17` of `scripts/go-tools.sh`, which CI does not
-/// build): the 1.6 scenario on 1.7's daemon. Skipped, and says so, when it is not built:
-/// `WEENV_GO_TOOLS_ONLY=containerd17 scripts/go-tools.sh` builds it.
+/// containerd 1.7 (`containerd17` of `scripts/go-tools.sh`): the 1.6 scenario on 1.7's daemon.
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs root, fuse, docker-registry, skopeo, umoci and containerd17 from scripts/go-tools.sh"]
 async fn plan_reference_runs_on_containerd_1_7() -> Result<()> {
-    let release = match gotools::GoTools::find().and_then(|t| t.containerd17()) {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("plan_reference_runs_on_containerd_1_7: SKIPPED (optional tool): {e:#}");
-            return Ok(());
-        }
+    let Some(tools) = gotools::require("plan_reference_runs_on_containerd_1_7", &["containerd17"])?
+    else {
+        return Ok(());
     };
-    scenario(release, "containerd 1.7").await
+    scenario(tools.containerd17()?, "containerd 1.7").await
 }
