@@ -1,3 +1,6 @@
+#![cfg(test)] // test-only module: the whole file compiles only under `cargo test`
+#![allow(clippy::unwrap_used)]
+
 use super::serve::{error_body, reason_phrase, route, Route};
 use super::*;
 use hyper::Method;
