@@ -69,13 +69,10 @@ pub fn parse(s: &str) -> Result<Target, StdioError> {
         )));
     }
     let u = url::Url::parse(s).map_err(|e| bad(&e.to_string()))?;
-    let path = PathBuf::from(
-        percent_decode(u.path())
-            .ok_or_else(|| bad("the path is not valid percent-encoded UTF-8"))?,
-    );
-    if u.host_str().is_some_and(|h| !h.is_empty()) || !path.is_absolute() {
-        return Err(bad("the path must be absolute (scheme:///path)"));
-    }
+    // url decodes the path and refuses a host (other than localhost).
+    let path = u
+        .to_file_path()
+        .map_err(|()| bad("the path must be absolute (scheme:///path)"))?;
     match scheme {
         "fifo" => Ok(Target::Fifo(path)),
         "file" => Ok(Target::File(path)),
@@ -91,23 +88,6 @@ pub fn parse(s: &str) -> Result<Target, StdioError> {
         }
         _ => Err(bad("unknown scheme")),
     }
-}
-
-fn percent_decode(s: &str) -> Option<String> {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'%' {
-            let hex = std::str::from_utf8(b.get(i + 1..i + 3)?).ok()?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok()
 }
 
 /// Opens a `file://` target for appending (its directory created).
