@@ -242,21 +242,8 @@ fn ctr_pull_run(
     ns: &str,
     plan: &str,
 ) -> Result<(String, f64, f64)> {
-    let hd = hosts.display().to_string();
     let t = Instant::now();
-    ctd.ctr_ns(
-        ns,
-        &[
-            "images",
-            "pull",
-            "--hosts-dir",
-            &hd,
-            "--snapshotter",
-            "weenv",
-            plan,
-        ],
-    )
-    .and_then(|o| ok_output("ctr images pull", o))?;
+    ctr_pull(ctd, hosts, ns, plan).and_then(|o| ok_output("ctr images pull", o))?;
     let pulled = t.elapsed().as_secs_f64();
     let o = ctd.ctr_ns(
         ns,
@@ -281,10 +268,10 @@ fn container_id(ns: &str) -> String {
     format!("{ns}-{}-{n}", std::process::id())
 }
 
-/// The stderr of a `ctr images pull` that must fail.
-fn ctr_pull_fails(ctd: &Containerd, hosts: &Path, ns: &str, plan: &str) -> Result<String> {
+/// `ctr images pull --hosts-dir HOSTS --snapshotter weenv PLAN` in namespace `ns`.
+fn ctr_pull(ctd: &Containerd, hosts: &Path, ns: &str, plan: &str) -> Result<std::process::Output> {
     let hd = hosts.display().to_string();
-    let o = ctd.ctr_ns(
+    ctd.ctr_ns(
         ns,
         &[
             "images",
@@ -295,7 +282,12 @@ fn ctr_pull_fails(ctd: &Containerd, hosts: &Path, ns: &str, plan: &str) -> Resul
             "weenv",
             plan,
         ],
-    )?;
+    )
+}
+
+/// The stderr of a `ctr images pull` that must fail.
+fn ctr_pull_fails(ctd: &Containerd, hosts: &Path, ns: &str, plan: &str) -> Result<String> {
+    let o = ctr_pull(ctd, hosts, ns, plan)?;
     ensure!(!o.status.success(), "pull of {plan} succeeded");
     Ok(format!(
         "{}{}",
